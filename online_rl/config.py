@@ -1,0 +1,198 @@
+"""One typed configuration tree for every component.
+
+Values come from, in rising priority: defaults here, one YAML file (``ORL_CONFIG`` or an
+explicit path), and environment variables ``ORL_<SECTION>__<FIELD>`` (for example
+``ORL_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092``). Nothing is built at import time: call
+`get_settings()` (cached) or `load_settings(path)` and pass the result where it is needed.
+
+This module knows nothing about how the values are used.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from online_rl.errors import ConfigError
+
+__all__ = [
+    "KafkaConfig",
+    "MlflowConfig",
+    "ModelConfig",
+    "RayConfig",
+    "Settings",
+    "default_cache_dir",
+    "get_settings",
+    "load_settings",
+]
+
+
+def default_cache_dir() -> Path:
+    """`$ORL_CACHE_DIR`, else `$XDG_CACHE_HOME/online-rl`, else `~/.cache/online-rl`."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "online-rl"
+
+
+class ModelConfig(BaseModel):
+    """Which base model to serve and train."""
+
+    name: str = Field(
+        default="SmolLM2-135M-Instruct",
+        min_length=1,
+        description="Base model id, recorded in every event and lineage manifest.",
+    )
+    path: Path | None = Field(
+        default=None,
+        description="A Hugging Face model folder. Empty means the embedded default, prepared "
+        "by `online-rl model prepare` under <cache_dir>/models/.",
+    )
+
+
+class KafkaConfig(BaseModel):
+    """Where the Kafka broker is. Empty bootstrap servers mean the embedded bus."""
+
+    bootstrap_servers: str | None = Field(
+        default=None,
+        description="host:port[,host:port...] of a Kafka cluster, or empty for the embedded bus.",
+    )
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _check_servers(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        for server in value.split(","):
+            host, sep, port = server.strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(
+                    f"{server!r} is not host:port; write e.g. '127.0.0.1:9092' "
+                    "(several servers separated by commas)"
+                )
+        return value.strip()
+
+
+class MlflowConfig(BaseModel):
+    """The MLflow tracking store and model registry."""
+
+    tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI. Empty means a local SQLite store under <cache_dir>/mlflow.",
+    )
+    artifact_root: str | None = Field(
+        default=None,
+        description="Where new experiments store artifacts (a folder or an s3://... URI). Empty means "
+        "<cache_dir>/mlflow/artifacts.",
+    )
+    registered_model: str = Field(
+        default="online-rl-policy",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Name of the registered model that holds the trained adapters.",
+    )
+
+
+class RayConfig(BaseModel):
+    """The Ray runtime the trainer uses."""
+
+    address: str | None = Field(
+        default=None, description="Address of a running Ray cluster; empty starts Ray locally."
+    )
+    num_cpus: int = Field(default=2, ge=1, le=1024, description="CPUs for a local Ray runtime.")
+
+
+class Settings(BaseSettings):
+    """The whole configuration tree."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ORL_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Where prepared models, Kafka jars and local stores live.",
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment variables override the YAML file, which arrives as init arguments.
+        return env_settings, init_settings
+
+    @property
+    def model_dir(self) -> Path:
+        """The base model folder: the configured path or the embedded default's cache folder."""
+        if self.model.path is not None:
+            return self.model.path
+        return self.cache_dir / "models" / self.model.name
+
+    @property
+    def mlflow_tracking_uri(self) -> str:
+        """The configured tracking URI, or the local SQLite store under the cache folder."""
+        if self.mlflow.tracking_uri:
+            return self.mlflow.tracking_uri
+        return f"sqlite:///{self.cache_dir / 'mlflow' / 'mlflow.db'}"
+
+    @property
+    def mlflow_artifact_root(self) -> str:
+        """The configured artifact root, or a folder beside the local tracking store."""
+        return self.mlflow.artifact_root or str(self.cache_dir / "mlflow" / "artifacts")
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for item in err.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(root)"
+        env_name = "ORL_" + "__".join(str(part).upper() for part in item["loc"])
+        lines.append(f"  - {field}: {item['msg']} (set it in the YAML file or as {env_name})")
+    return "\n".join(lines)
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Build the settings from an optional YAML file and the environment.
+
+    Raises `ConfigError` naming each bad field and how to set it.
+    """
+    path = path or os.environ.get("ORL_CONFIG") or None
+    data: dict[str, Any] = {}
+    source = "environment"
+    if path is not None:
+        file = Path(path)
+        source = str(file)
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {file} does not exist; fix ORL_CONFIG or --config") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {file} must hold a mapping at the top level")
+        data = loaded
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from exc
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, loaded once on first use (tests call `cache_clear()`)."""
+    return load_settings()

@@ -1,0 +1,1 @@
+"""Thin FastAPI apps over the `online_rl` library: inference, feedback, gateway."""

@@ -1,0 +1,97 @@
+"""Test harness: starts the real components the tests need, once per session.
+
+- Kafka: `$ORL_TEST_KAFKA_BOOTSTRAP` if set, else a real broker started with
+  deploy/local/kafka/kafka.sh on port `$ORL_TEST_KAFKA_PORT` (19092) and stopped at the end.
+- The embedded model: prepared (or found valid) in the configured cache folder.
+- Ray: a local runtime, shut down at the end.
+- MLflow: a fresh SQLite store per test under tmp_path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from online_rl.config import Settings, load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+KAFKA_SCRIPT = ROOT / "deploy" / "local" / "kafka" / "kafka.sh"
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_gpu():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Bootstrap servers of a real Kafka broker."""
+    configured = os.environ.get("ORL_TEST_KAFKA_BOOTSTRAP")
+    if configured:
+        yield configured
+        return
+    env = {**os.environ, "ORL_KAFKA_PORT": os.environ.get("ORL_TEST_KAFKA_PORT", "19092")}
+    status = subprocess.run(["bash", str(KAFKA_SCRIPT), "status"], env=env, capture_output=True)
+    already_running = status.returncode == 0
+    started = subprocess.run(
+        ["bash", str(KAFKA_SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=300
+    )
+    if started.returncode != 0:
+        pytest.fail(f"could not start the Kafka broker:\n{started.stderr}")
+    yield started.stdout.strip().splitlines()[-1]
+    if not already_running:
+        subprocess.run(["bash", str(KAFKA_SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def base_settings() -> Settings:
+    """The settings the suite runs with (environment and $ORL_CONFIG honoured)."""
+    return load_settings()
+
+
+@pytest.fixture(scope="session")
+def embedded_model(base_settings: Settings) -> Path:
+    """The prepared embedded model folder (SmolLM2-135M-Instruct)."""
+    from online_rl.models import prepare_embedded_model
+
+    return prepare_embedded_model(base_settings.model_dir).path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(embedded_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random 2-layer Llama with the embedded tokenizer."""
+    from online_rl.models import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), embedded_model, seed=0)
+
+
+@pytest.fixture(scope="session")
+def ray_runtime(base_settings: Settings) -> Iterator[None]:
+    """A real local Ray runtime for the session."""
+    import ray
+
+    from online_rl.ray_runtime import init_ray
+
+    init_ray(base_settings)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def local_settings(tmp_path: Path) -> Settings:
+    """Settings whose cache (and so the MLflow SQLite store) is a fresh temporary folder."""
+    return Settings(cache_dir=tmp_path / "cache")

@@ -1,0 +1,46 @@
+from pathlib import Path
+
+import pytest
+
+from online_rl.config import load_settings
+from online_rl.errors import ConfigError
+
+
+def test_defaults_use_the_cache_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("ORL_CONFIG", raising=False)
+    monkeypatch.setenv("ORL_CACHE_DIR", str(tmp_path))
+    settings = load_settings()
+    assert settings.model_dir == tmp_path / "models" / "SmolLM2-135M-Instruct"
+    assert settings.mlflow_tracking_uri == f"sqlite:///{tmp_path}/mlflow/mlflow.db"
+    assert settings.kafka.bootstrap_servers is None
+
+
+def test_environment_overrides_yaml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "orl.yaml"
+    config.write_text("kafka:\n  bootstrap_servers: 10.0.0.1:9092\nray:\n  num_cpus: 4\n")
+    monkeypatch.setenv("ORL_RAY__NUM_CPUS", "8")
+    settings = load_settings(config)
+    assert settings.kafka.bootstrap_servers == "10.0.0.1:9092"
+    assert settings.ray.num_cpus == 8
+
+
+def test_bad_value_names_the_field_and_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORL_KAFKA__BOOTSTRAP_SERVERS", "localhost")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    message = str(err.value)
+    assert "kafka.bootstrap_servers" in message
+    assert "ORL_KAFKA__BOOTSTRAP_SERVERS" in message
+    assert "host:port" in message
+
+
+def test_unknown_yaml_key_is_rejected(tmp_path: Path) -> None:
+    config = tmp_path / "orl.yaml"
+    config.write_text("kafak:\n  bootstrap_servers: x:1\n")
+    with pytest.raises(ConfigError, match="kafak"):
+        load_settings(config)
+
+
+def test_missing_config_file_says_how_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.yaml")
