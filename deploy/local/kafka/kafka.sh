@@ -7,7 +7,8 @@
 # and are cached. Environment:
 #   ORL_KAFKA_PORT        broker port (default 9092); the controller listens on ORL_KAFKA_CONTROLLER_PORT
 #                         (default: broker port + 1)
-#   ORL_KAFKA_HOME        state folder: jars, config, data, log, pid (default ~/.cache/online-rl/kafka)
+#   ORL_KAFKA_HOME        state folder: jars, config, data, log, pid (default $ORL_CACHE_DIR/kafka,
+#                         that is ~/.cache/online-rl/kafka)
 #   ORL_KAFKA_HEAP        JVM heap (default 512m)
 #   ORL_KAFKA_START_TIMEOUT  seconds to wait for the broker to answer (default 90)
 set -euo pipefail
@@ -15,7 +16,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 port=${ORL_KAFKA_PORT:-9092}
 cport=${ORL_KAFKA_CONTROLLER_PORT:-$((port + 1))}
-home=${ORL_KAFKA_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/online-rl/kafka}
+home=${ORL_KAFKA_HOME:-${ORL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/online-rl}/kafka}
 libs=$home/libs
 run=$home/run-$port
 data=$run/data
