@@ -11,12 +11,14 @@ This module knows nothing about how the values are used.
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from online_rl.errors import ConfigError
@@ -106,6 +108,19 @@ class RayConfig(BaseModel):
     num_cpus: int = Field(default=2, ge=1, le=1024, description="CPUs for a local Ray runtime.")
 
 
+_yaml_data: ContextVar[dict[str, Any] | None] = ContextVar("_yaml_data", default=None)
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """The YAML file's values, lowest priority (handed over by `load_settings`)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return _yaml_data.get() or {}
+
+
 class Settings(BaseSettings):
     """The whole configuration tree."""
 
@@ -134,8 +149,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Environment variables override the YAML file, which arrives as init arguments.
-        return env_settings, init_settings
+        # Explicit arguments > environment > the YAML file given to `load_settings`.
+        return init_settings, env_settings, _YamlSource(settings_cls)
 
     @property
     def model_dir(self) -> Path:
@@ -186,10 +201,13 @@ def load_settings(path: str | Path | None = None) -> Settings:
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {file} must hold a mapping at the top level")
         data = loaded
+    token = _yaml_data.set(data)
     try:
-        return Settings(**data)
+        return Settings()
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, source)) from exc
+    finally:
+        _yaml_data.reset(token)
 
 
 @lru_cache(maxsize=1)

@@ -44,3 +44,10 @@ def test_unknown_yaml_key_is_rejected(tmp_path: Path) -> None:
 def test_missing_config_file_says_how_to_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.yaml")
+
+
+def test_explicit_arguments_beat_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from online_rl.config import Settings
+
+    monkeypatch.setenv("ORL_CACHE_DIR", "/elsewhere")
+    assert Settings(cache_dir=tmp_path).cache_dir == tmp_path

@@ -1,0 +1,279 @@
+"""The bus contract: what every backend (Kafka, embedded) provides, with identical semantics.
+
+- Producers: `produce` queues a record, `flush` waits until every queued record is durably
+  written (Kafka: acks=all, idempotent) and raises `DeliveryError` otherwise; `send` does both for
+  one record. A transactional producer writes records and a consumer group's offsets atomically.
+- Consumers: explicit commits only (the next offset to read, per partition), `seek`, pause-free
+  `hold()` for long processing steps, rebalance callbacks that hand partitions back.
+- Keys pick partitions with Kafka's Java-compatible murmur2 hash on both backends.
+
+Backends know nothing about events; events know nothing about backends.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+from online_rl.errors import OnlineRLError
+
+__all__ = [
+    "Bus",
+    "BusError",
+    "BusUnavailable",
+    "CommitFailed",
+    "Consumer",
+    "DeliveryError",
+    "Producer",
+    "ProducerFenced",
+    "RebalanceCallback",
+    "Record",
+    "RecordMetadata",
+    "TopicPartition",
+    "UnknownTopic",
+    "murmur2",
+    "partition_for",
+]
+
+
+class BusError(OnlineRLError):
+    """Base class of bus errors."""
+
+
+class BusUnavailable(BusError):
+    """The bus cannot be reached or did not confirm in time; the caller may retry."""
+
+
+class DeliveryError(BusError):
+    """Some produced records were not confirmed; none of them may be assumed written."""
+
+
+class CommitFailed(BusError):
+    """An offset commit was refused, usually because the partition moved to another consumer."""
+
+
+class ProducerFenced(BusError):
+    """A newer producer with the same transactional id exists; this one must stop."""
+
+
+class UnknownTopic(BusError):
+    """The topic does not exist; create it first (`online-rl bus create-topics`)."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record read from the bus."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp: float
+    headers: tuple[tuple[str, bytes], ...] = field(default=())
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+    def header(self, name: str) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where a confirmed record was written."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+Headers = Sequence[tuple[str, bytes]]
+RebalanceCallback = Callable[[list[TopicPartition]], None]
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (as in the Java client's default partitioner), as a signed 32-bit int."""
+    m, r = 0x5BD1E995, 24
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    full = length & ~3
+    for i in range(0, full, 4):
+        k = data[i] | data[i + 1] << 8 | data[i + 2] << 16 | data[i + 3] << 24
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    tail = length & 3
+    if tail == 3:
+        h ^= data[full + 2] << 16
+    if tail >= 2:
+        h ^= data[full + 1] << 8
+    if tail >= 1:
+        h ^= data[full]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition Kafka's Java-compatible partitioner picks for `key`."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+class Producer(abc.ABC):
+    """Writes records; see the module docstring for the delivery contract."""
+
+    @abc.abstractmethod
+    def produce(
+        self, topic: str, value: bytes, key: bytes | None = None, headers: Headers | None = None
+    ) -> None:
+        """Queue one record. Confirmation comes with `flush`."""
+
+    @abc.abstractmethod
+    def flush(self, timeout: float = 30.0) -> list[RecordMetadata]:
+        """Wait until every queued record is confirmed; return where they went, in produce order.
+
+        Raises `DeliveryError` if any failed or `BusUnavailable` if confirmation timed out.
+        """
+
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        timeout: float = 30.0,
+    ) -> RecordMetadata:
+        """Write one record and wait for its confirmation."""
+        self.produce(topic, value, key, headers)
+        return self.flush(timeout)[-1]
+
+    # Transactions (only for producers made with a transactional id).
+    def begin_transaction(self) -> None:
+        raise BusError("this producer is not transactional; create it with a transactional_id")
+
+    def commit_transaction(
+        self, offsets: Mapping[TopicPartition, int], consumer: Consumer, timeout: float = 30.0
+    ) -> None:
+        """Atomically make the transaction's records visible and commit `consumer`'s offsets."""
+        raise BusError("this producer is not transactional; create it with a transactional_id")
+
+    def abort_transaction(self, timeout: float = 30.0) -> None:
+        raise BusError("this producer is not transactional; create it with a transactional_id")
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class Consumer(abc.ABC):
+    """Reads records as a member of a consumer group; commits are explicit."""
+
+    group_id: str
+
+    @abc.abstractmethod
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+    ) -> None:
+        """Join the group for `topics`. `on_revoke` runs before partitions move away: commit
+        what is durably processed there; anything uncommitted is re-read by the next owner."""
+
+    @abc.abstractmethod
+    def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
+        """Up to `max_records` records, waiting at most `timeout` seconds for the first."""
+
+    @abc.abstractmethod
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Commit the next offset to read for each partition (synchronously)."""
+
+    @abc.abstractmethod
+    def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """The group's committed next offsets (None: nothing committed)."""
+
+    @abc.abstractmethod
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Make the next `poll` on an assigned partition start at `offset`."""
+
+    @abc.abstractmethod
+    def position(self, tp: TopicPartition) -> int | None:
+        """The offset the next `poll` would read on an assigned partition (None: not yet known)."""
+
+    @abc.abstractmethod
+    def assignment(self) -> list[TopicPartition]: ...
+
+    @abc.abstractmethod
+    def hold(self) -> AbstractContextManager[None]:
+        """Keep group membership alive while the caller works on a batch for a long time."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Leave the group without committing anything."""
+
+    @staticmethod
+    def next_offsets(records: Sequence[Record]) -> dict[TopicPartition, int]:
+        """The offsets to commit after processing `records`: last offset + 1 per partition."""
+        out: dict[TopicPartition, int] = {}
+        for record in records:
+            tp = record.tp
+            if record.offset + 1 > out.get(tp, -1):
+                out[tp] = record.offset + 1
+        return out
+
+
+class Bus(abc.ABC):
+    """A factory of producers and consumers over one backend, plus topic admin."""
+
+    @abc.abstractmethod
+    def create_topic(self, name: str, partitions: int = 1, compact: bool = False) -> None:
+        """Create the topic if it does not exist (an existing one is left as it is)."""
+
+    @abc.abstractmethod
+    def partitions(self, topic: str) -> int:
+        """Number of partitions of `topic`; raises `UnknownTopic`."""
+
+    @abc.abstractmethod
+    def end_offsets(self, topic: str) -> dict[TopicPartition, int]:
+        """The next offset that would be written, per partition."""
+
+    @abc.abstractmethod
+    def producer(self, transactional_id: str | None = None) -> Producer: ...
+
+    @abc.abstractmethod
+    def consumer(self, group_id: str, auto_offset_reset: str = "earliest") -> Consumer: ...
+
+    def read_all(self, topic: str, timeout: float = 30.0) -> Iterator[Record]:
+        """Every record currently in `topic` (a throw-away consumer; nothing committed)."""
+        ends = {tp: end for tp, end in self.end_offsets(topic).items() if end > 0}
+        consumer = self.consumer(f"read-all-{uuid.uuid4().hex}")
+        try:
+            consumer.subscribe([topic])
+            deadline = time.monotonic() + timeout
+            while ends and time.monotonic() < deadline:
+                yield from consumer.poll(1000, 0.2)
+                # Positions, not record offsets: transaction markers occupy offsets too.
+                for tp in [tp for tp in ends if (consumer.position(tp) or 0) >= ends[tp]]:
+                    del ends[tp]
+        finally:
+            consumer.close()
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release backend resources."""

@@ -1,0 +1,60 @@
+"""The dead-letter topic: where a record that cannot be used goes, with why and where it came from.
+
+The original key and bytes are kept as they were; headers carry the reason and the source
+coordinates, so an operator can inspect, fix and replay it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TypeVar
+
+from online_rl.bus.base import Producer, Record
+from online_rl.bus.topics import DLQ
+from online_rl.events import DecodeError, _Event, decode
+
+__all__ = ["DeadLetters", "decode_or_dead_letter"]
+
+logger = logging.getLogger(__name__)
+E = TypeVar("E", bound=_Event)
+
+
+class DeadLetters:
+    """Sends rejected records to `orl.dlq` (confirmed on the producer's next flush)."""
+
+    def __init__(self, producer: Producer, component: str) -> None:
+        self._producer = producer
+        self._component = component
+        self.count = 0
+
+    def send(self, record: Record, reason: str) -> None:
+        logger.warning(
+            "dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
+        )
+        self._producer.produce(
+            DLQ,
+            record.value,
+            record.key,
+            headers=[
+                ("reason", reason.encode()[:2000]),
+                ("source.topic", record.topic.encode()),
+                ("source.partition", str(record.partition).encode()),
+                ("source.offset", str(record.offset).encode()),
+                ("component", self._component.encode()),
+            ],
+        )
+        self.count += 1
+
+
+def decode_or_dead_letter(
+    records: Iterable[Record], expected: type[E], dead: DeadLetters
+) -> list[tuple[Record, E]]:
+    """Decode each record; send the ones that fail to the dead-letter topic and carry on."""
+    out: list[tuple[Record, E]] = []
+    for record in records:
+        try:
+            out.append((record, decode(record.value, expected)))
+        except DecodeError as exc:
+            dead.send(record, f"{type(exc).__name__}: {exc}")
+    return out

@@ -1,0 +1,334 @@
+"""The Kafka backend, on confluent-kafka (librdkafka).
+
+Producers are idempotent with acks=all and the Java-compatible murmur2 partitioner, so keys land
+on the same partitions as on the embedded bus. Consumers never auto-commit and read only committed
+transactional data. `hold()` pauses the assigned partitions and keeps polling from a background
+thread, so a training step may take longer than `max.poll.interval.ms` without the consumer being
+evicted from its group.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from online_rl.bus.base import (
+    Bus,
+    BusError,
+    BusUnavailable,
+    CommitFailed,
+    Consumer,
+    DeliveryError,
+    Headers,
+    Producer,
+    ProducerFenced,
+    RebalanceCallback,
+    Record,
+    RecordMetadata,
+    TopicPartition,
+    UnknownTopic,
+)
+
+__all__ = ["KafkaBus"]
+
+logger = logging.getLogger(__name__)
+
+
+def _tp(tp: TopicPartition, offset: int = ck.OFFSET_INVALID) -> ck.TopicPartition:
+    return ck.TopicPartition(tp.topic, tp.partition, offset)
+
+
+class KafkaBus(Bus):
+    """Producers, consumers and topic admin on a Kafka cluster."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        extra: Mapping[str, Any] | None = None,
+        consumer_extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self._extra = dict(extra or {})
+        self._consumer_extra = {**self._extra, **(consumer_extra or {})}
+        self._admin = AdminClient({"bootstrap.servers": bootstrap_servers, **self._extra})
+
+    def _metadata(self, topic: str | None = None, timeout: float = 10.0) -> Any:
+        try:
+            return self._admin.list_topics(topic=topic, timeout=timeout)
+        except ck.KafkaException as exc:
+            raise BusUnavailable(f"Kafka at {self.bootstrap_servers} did not answer: {exc}") from exc
+
+    def create_topic(self, name: str, partitions: int = 1, compact: bool = False) -> None:
+        config = {"cleanup.policy": "compact"} if compact else {}
+        futures = self._admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=-1, config=config)]
+        )
+        try:
+            futures[name].result(30)
+        except ck.KafkaException as exc:
+            if exc.args[0].code() != ck.KafkaError.TOPIC_ALREADY_EXISTS:
+                raise BusError(f"could not create topic {name!r}: {exc}") from exc
+
+    def partitions(self, topic: str) -> int:
+        meta = self._metadata(topic).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise UnknownTopic(f"topic {topic!r} does not exist on {self.bootstrap_servers}; create it first")
+        return len(meta.partitions)
+
+    def end_offsets(self, topic: str) -> dict[TopicPartition, int]:
+        count = self.partitions(topic)
+        probe = ck.Consumer(
+            {"bootstrap.servers": self.bootstrap_servers, "group.id": "orl-probe", **self._extra}
+        )
+        try:
+            out = {}
+            for p in range(count):
+                _, high = probe.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=10)
+                out[TopicPartition(topic, p)] = int(high)
+            return out
+        finally:
+            probe.close()
+
+    def producer(self, transactional_id: str | None = None) -> Producer:
+        return _KafkaProducer(self.bootstrap_servers, self._extra, transactional_id)
+
+    def consumer(self, group_id: str, auto_offset_reset: str = "earliest") -> Consumer:
+        return _KafkaConsumer(self.bootstrap_servers, self._consumer_extra, group_id, auto_offset_reset)
+
+
+class _KafkaProducer(Producer):
+    def __init__(self, servers: str, extra: Mapping[str, Any], transactional_id: str | None) -> None:
+        config: dict[str, Any] = {
+            "bootstrap.servers": servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.timeout.ms": 30000,
+            **extra,
+        }
+        if transactional_id is not None:
+            config["transactional.id"] = transactional_id
+        self._p = ck.Producer(config)
+        self._pending: list[RecordMetadata | None] = []
+        self._errors: list[str] = []
+        self._transactional = transactional_id is not None
+        if self._transactional:
+            try:
+                self._p.init_transactions(30)
+            except ck.KafkaException as exc:
+                raise BusUnavailable(f"could not start transactional producer: {exc}") from exc
+
+    def produce(
+        self, topic: str, value: bytes, key: bytes | None = None, headers: Headers | None = None
+    ) -> None:
+        index = len(self._pending)
+        self._pending.append(None)
+
+        def delivered(err: ck.KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                self._errors.append(f"{topic}: {err.str()}")
+            else:
+                self._pending[index] = RecordMetadata(msg.topic(), msg.partition(), msg.offset())
+
+        while True:
+            try:
+                self._p.produce(topic, value, key, headers=list(headers) if headers else None,
+                                on_delivery=delivered)
+                break
+            except BufferError:
+                self._p.poll(0.1)  # local queue full: serve delivery reports, then retry
+        if len(self._pending) % 1000 == 0:
+            self._p.poll(0)
+
+    def flush(self, timeout: float = 30.0) -> list[RecordMetadata]:
+        remaining = self._p.flush(timeout)
+        pending, errors = self._pending, self._errors
+        self._pending, self._errors = [], []
+        if remaining:
+            raise BusUnavailable(f"{remaining} records not confirmed by Kafka within {timeout}s")
+        if errors:
+            raise DeliveryError(f"{len(errors)} records were not written: {errors[:3]}")
+        if self._transactional:
+            return [m for m in pending if m is not None]
+        missing = sum(1 for m in pending if m is None)
+        if missing:
+            raise DeliveryError(f"{missing} records have no delivery report")
+        return [m for m in pending if m is not None]
+
+    def begin_transaction(self) -> None:
+        if not self._transactional:
+            super().begin_transaction()
+        self._p.begin_transaction()
+
+    def commit_transaction(
+        self, offsets: Mapping[TopicPartition, int], consumer: Consumer, timeout: float = 30.0
+    ) -> None:
+        if not isinstance(consumer, _KafkaConsumer):
+            raise BusError("a Kafka transaction needs a Kafka consumer")
+        try:
+            if offsets:
+                self._p.send_offsets_to_transaction(
+                    [_tp(tp, off) for tp, off in offsets.items()],
+                    consumer._c.consumer_group_metadata(),
+                    timeout,
+                )
+            self._p.commit_transaction(timeout)
+        except ck.KafkaException as exc:
+            error = exc.args[0]
+            self._pending, self._errors = [], []
+            if error.fatal():
+                raise ProducerFenced(f"transactional producer is fenced or broken: {error.str()}") from exc
+            if error.txn_requires_abort():
+                self._p.abort_transaction(timeout)
+                raise CommitFailed(f"transaction aborted: {error.str()}") from exc
+            raise BusUnavailable(f"transaction commit did not complete: {error.str()}") from exc
+        self._pending, self._errors = [], []
+
+    def abort_transaction(self, timeout: float = 30.0) -> None:
+        self._p.abort_transaction(timeout)
+        self._pending, self._errors = [], []
+
+    def close(self) -> None:
+        self._p.flush(5)
+
+
+class _KafkaConsumer(Consumer):
+    def __init__(self, servers: str, extra: Mapping[str, Any], group_id: str, reset: str) -> None:
+        self.group_id = group_id
+        self._c = ck.Consumer({
+            "bootstrap.servers": servers,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": reset,
+            "isolation.level": "read_committed",
+            "max.poll.interval.ms": 300000,
+            "session.timeout.ms": 10000,
+            "heartbeat.interval.ms": 1000,
+            **extra,
+        })
+        self._assigned: list[TopicPartition] = []
+        self._lock = threading.RLock()
+
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+    ) -> None:
+        def assigned(_: Any, parts: list[ck.TopicPartition]) -> None:
+            tps = [TopicPartition(p.topic, p.partition) for p in parts]
+            self._assigned = sorted(set(self._assigned) | set(tps))
+            if on_assign:
+                on_assign(tps)
+
+        def revoked(_: Any, parts: list[ck.TopicPartition]) -> None:
+            tps = [TopicPartition(p.topic, p.partition) for p in parts]
+            if on_revoke:
+                on_revoke(tps)
+            self._assigned = [tp for tp in self._assigned if tp not in tps]
+
+        self._c.subscribe(list(topics), on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+
+    def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
+        with self._lock:
+            messages: list[Any] = self._c.consume(num_messages=max_records, timeout=timeout)
+        out = []
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() == ck.KafkaError._PARTITION_EOF:
+                    continue
+                if err.code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise UnknownTopic(f"consumer error: {err.str()}")
+                logger.warning("consumer error on %s: %s", msg.topic(), err.str())
+                continue
+            ts = msg.timestamp()[1] / 1000.0
+            headers = tuple((str(k), bytes(v or b"")) for k, v in (msg.headers() or []))
+            out.append(
+                Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), ts, headers)
+            )
+        return out
+
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        if not offsets:
+            return
+        # Kafka's coordinator accepts a commit for any partition from a current member; refuse
+        # partitions this member no longer owns, as the embedded bus does, so that a revoked
+        # partition's new owner is never overwritten.
+        foreign = [tp for tp in offsets if tp not in self._assigned]
+        if foreign:
+            raise CommitFailed(
+                f"partitions {foreign} are no longer assigned to this consumer; their records will be "
+                "re-read by the new owner"
+            )
+        try:
+            with self._lock:
+                self._c.commit(offsets=[_tp(tp, off) for tp, off in offsets.items()], asynchronous=False)
+        except ck.KafkaException as exc:
+            raise CommitFailed(f"commit refused: {exc.args[0].str()}; the records will be re-read") from exc
+
+    def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
+        with self._lock:
+            got = self._c.committed([_tp(tp) for tp in partitions], timeout=10)
+        return {
+            TopicPartition(p.topic, p.partition): (p.offset if p.offset >= 0 else None) for p in got
+        }
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        with self._lock:
+            self._c.seek(_tp(tp, offset))
+
+    def position(self, tp: TopicPartition) -> int | None:
+        with self._lock:
+            got = self._c.position([_tp(tp)])[0]
+        return got.offset if got.offset >= 0 else None
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self._assigned)
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        stop = threading.Event()
+        with self._lock:
+            parts = self._c.assignment()
+            positions = self._c.position(parts) if parts else []
+            if parts:
+                self._c.pause(parts)
+
+        def keep_alive() -> None:
+            while not stop.is_set():
+                with self._lock:
+                    msg: Any = self._c.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    # Paused partitions should yield nothing; if one slips through, rewind to it.
+                    with self._lock:
+                        self._c.seek(ck.TopicPartition(msg.topic(), msg.partition(), msg.offset()))
+
+        thread = threading.Thread(target=keep_alive, name="orl-kafka-hold", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            with self._lock:
+                current = {(p.topic, p.partition) for p in self._c.assignment()}
+                back = [p for p in positions if (p.topic, p.partition) in current]
+                if back:
+                    self._c.resume(back)
+                    for p in back:
+                        if p.offset >= 0:
+                            self._c.seek(p)
+
+    def close(self) -> None:
+        with self._lock:
+            self._c.close()
