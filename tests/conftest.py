@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import os
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from online_rl.bus import Bus
+from online_rl.bus.embedded import EmbeddedBus
+from online_rl.bus.kafka import KafkaBus
 from online_rl.config import Settings, load_settings
+from tests.factories import BusFactory
 
 ROOT = Path(__file__).resolve().parents[1]
 KAFKA_SCRIPT = ROOT / "deploy" / "local" / "kafka" / "kafka.sh"
@@ -95,3 +101,35 @@ def ray_runtime(base_settings: Settings) -> Iterator[None]:
 def local_settings(tmp_path: Path) -> Settings:
     """Settings whose cache (and so the MLflow SQLite store) is a fresh temporary folder."""
     return Settings(cache_dir=tmp_path / "cache")
+
+
+@pytest.fixture(params=["embedded", pytest.param("kafka", marks=pytest.mark.kafka)])
+def make_bus(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BusFactory]:
+    """A factory of buses over one backend; every bus it makes sees the same data."""
+    made: list[Bus] = []
+
+    def make(**options: Any) -> Bus:
+        if request.param == "embedded":
+            bus: Bus = EmbeddedBus(tmp_path / "bus.db", session_timeout=options.get("session_timeout", 10.0))
+        else:
+            extra = {}
+            if "session_timeout" in options:
+                ms = int(options["session_timeout"] * 1000)
+                extra = {"session.timeout.ms": ms, "max.poll.interval.ms": ms, "heartbeat.interval.ms": 500}
+            bus = KafkaBus(request.getfixturevalue("kafka_bootstrap"), consumer_extra=extra)
+        made.append(bus)
+        return bus
+
+    yield make
+    for bus in made:
+        bus.close()
+
+
+@pytest.fixture
+def bus(make_bus: BusFactory) -> Bus:
+    return make_bus()
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"t.{uuid.uuid4().hex[:10]}"

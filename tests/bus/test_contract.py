@@ -18,7 +18,7 @@ from online_rl.bus import (
     partition_for,
 )
 from online_rl.events import Interaction
-from tests.bus.conftest import BusFactory, drain
+from tests.factories import BusFactory, drain
 
 
 def _group() -> str:

@@ -1,0 +1,308 @@
+"""The feedback join: interactions ⋈ feedback on `request_id`, with a reward wait window.
+
+Modelled on the Decision Service join: an interaction waits `window_s` (event time, from its
+`created_at`) for feedback; when the window closes it becomes one `TrainingSample` whose reward
+aggregates every feedback event received in time (sum | mean | earliest | latest), or the default
+reward if none came (or nothing, when there is no default). Feedback may arrive before its
+interaction; duplicates (same `event_id`) count once; feedback after the window is counted and
+logged as late, never trained on. A preference ("this beat that") becomes a chosen/rejected pair
+as soon as both interactions are known.
+
+`JoinState` is the pure logic (no bus). Time only moves through `advance(now)`: the runner passes
+the largest event time seen, and the wall clock only when it has caught up with its inputs, so a
+replay after a restart joins exactly as the first run did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+from online_rl.errors import ConfigError
+from online_rl.events import (
+    Completion,
+    Feedback,
+    FeedbackKind,
+    Interaction,
+    TrainingSample,
+    decode,
+    encode,
+)
+from online_rl.rewards import RewardMapping
+
+__all__ = ["JoinConfig", "JoinState"]
+
+logger = logging.getLogger(__name__)
+Aggregation = Literal["sum", "mean", "earliest", "latest"]
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """How the join waits for and combines feedback."""
+
+    window_s: float = field(default=60.0, metadata={"help": "Reward wait window after an interaction."})
+    aggregation: Aggregation = field(default="mean", metadata={"help": "sum | mean | earliest | latest"})
+    default_reward: float | None = field(
+        default=None, metadata={"help": "Reward when no feedback came in the window; None drops it."}
+    )
+    retention_s: float = field(
+        default=600.0,
+        metadata={"help": "How long a joined interaction is remembered (late feedback, pairs)."},
+    )
+    mapping: RewardMapping = field(default_factory=RewardMapping)
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0:
+            raise ConfigError(f"window_s={self.window_s} must be > 0 seconds")
+        if self.aggregation not in ("sum", "mean", "earliest", "latest"):
+            raise ConfigError(f"aggregation={self.aggregation!r}: use sum, mean, earliest or latest")
+        if self.retention_s < self.window_s:
+            raise ConfigError("retention_s must be at least window_s")
+        if self.default_reward is not None and not 0.0 <= self.default_reward <= 1.0:
+            raise ConfigError("default_reward must lie in [0, 1] (or be empty for none)")
+
+
+@dataclass
+class _Entry:
+    """What the join knows about one request id."""
+
+    interaction: Interaction | None = None
+    feedback: list[Feedback] = field(default_factory=list)
+    preferences: list[Feedback] = field(default_factory=list)
+    event_ids: set[str] = field(default_factory=set)
+    emitted: bool = False
+    first_seen: float = 0.0
+
+    def dump(self) -> bytes:
+        return msgspec.msgpack.encode({
+            "i": encode(self.interaction) if self.interaction else None,
+            "f": [encode(f) for f in self.feedback],
+            "p": [encode(f) for f in self.preferences],
+            "e": sorted(self.event_ids),
+            "x": self.emitted,
+            "t": self.first_seen,
+        })
+
+    @classmethod
+    def load(cls, data: bytes) -> _Entry:
+        raw: dict[str, Any] = msgspec.msgpack.decode(data)
+        return cls(
+            interaction=decode(raw["i"], Interaction) if raw["i"] else None,
+            feedback=[decode(f, Feedback) for f in raw["f"]],
+            preferences=[decode(f, Feedback) for f in raw["p"]],
+            event_ids=set(raw["e"]),
+            emitted=raw["x"],
+            first_seen=raw["t"],
+        )
+
+
+def _completion(i: Interaction) -> Completion:
+    return Completion(
+        request_id=i.request_id,
+        text=i.completion,
+        token_ids=i.completion_token_ids,
+        logprobs=i.completion_logprobs,
+        adapter_version=i.adapter_version,
+        finish_reason=i.finish_reason,
+    )
+
+
+class JoinState:
+    """The join's state and logic; every mutation is recorded for the changelog."""
+
+    def __init__(self, config: JoinConfig) -> None:
+        self.config = config
+        self.entries: dict[str, _Entry] = {}
+        self.stats: Counter[str] = Counter()
+        self._changed: set[str] = set()
+        # Min-heaps of (time, request_id): window deadlines and retention expiries. Stale items
+        # (entry gone or already emitted) are skipped when popped.
+        self._deadlines: list[tuple[float, str]] = []
+        self._expiries: list[tuple[float, str]] = []
+        self._waiting: dict[str, set[str]] = {}  # other request id -> requests whose preference waits
+
+    # -- inputs -----------------------------------------------------------------------------
+    def add_interaction(self, interaction: Interaction) -> list[TrainingSample]:
+        entry = self._entry(interaction.request_id, interaction.created_at)
+        if entry.interaction is not None:
+            self.stats["duplicate_interactions"] += 1
+            return []
+        entry.interaction = interaction
+        self._changed.add(interaction.request_id)
+        heapq.heappush(self._deadlines, (interaction.created_at + self.config.window_s, interaction.request_id))
+        out: list[TrainingSample] = []
+        # Preferences that named this request as the other side were waiting for it.
+        for waiting_id in sorted(self._waiting.pop(interaction.request_id, set())):
+            waiting = self.entries.get(waiting_id)
+            for pref in list(waiting.preferences if waiting else []):
+                if pref.other_request_id == interaction.request_id:
+                    out.extend(self._try_pair(pref))
+        for pref in list(entry.preferences):
+            out.extend(self._try_pair(pref))
+        return out
+
+    def add_feedback(self, feedback: Feedback) -> list[TrainingSample]:
+        entry = self._entry(feedback.request_id, feedback.created_at)
+        if feedback.event_id in entry.event_ids:
+            self.stats["duplicate_feedback"] += 1
+            return []
+        entry.event_ids.add(feedback.event_id)
+        self._changed.add(feedback.request_id)
+        deadline = self._deadline(entry)
+        if entry.emitted or (deadline is not None and feedback.created_at > deadline):
+            self.stats["late_feedback"] += 1
+            logger.info("late feedback %s on %s: not trained on", feedback.event_id, feedback.request_id)
+            return []
+        if feedback.kind is FeedbackKind.preference:
+            entry.preferences.append(feedback)
+            paired = self._try_pair(feedback)
+            if not paired and feedback in entry.preferences:
+                self._waiting.setdefault(feedback.other_request_id or "", set()).add(feedback.request_id)
+            return paired
+        entry.feedback.append(feedback)
+        return []
+
+    def advance(self, now: float) -> list[TrainingSample]:
+        """Close every window that ended before `now`; forget what is older than the retention."""
+        out: list[TrainingSample] = []
+        while self._deadlines and self._deadlines[0][0] < now:
+            _, request_id = heapq.heappop(self._deadlines)
+            entry = self.entries.get(request_id)
+            if entry is not None and not entry.emitted and entry.interaction is not None:
+                out.extend(self._close(entry))
+                self._changed.add(request_id)
+        while self._expiries and self._expiries[0][0] < now:
+            _, request_id = heapq.heappop(self._expiries)
+            expired = self.entries.pop(request_id, None)
+            if expired is None:
+                continue
+            if not expired.emitted:
+                self.stats["orphan_feedback" if expired.interaction is None else "expired"] += 1
+            for pref in expired.preferences:
+                self.stats["pair_missing_other"] += 1
+                self._waiting.get(pref.other_request_id or "", set()).discard(request_id)
+            self._changed.add(request_id)
+        return out
+
+    # -- changelog --------------------------------------------------------------------------
+    def drain_changes(self) -> dict[str, bytes]:
+        """Serialized state of every entry changed since the last call (b'' = deleted)."""
+        out = {rid: (self.entries[rid].dump() if rid in self.entries else b"") for rid in self._changed}
+        self._changed.clear()
+        return out
+
+    def restore(self, changelog: dict[str, bytes]) -> None:
+        """Rebuild the state from the changelog's latest value per request id."""
+        for request_id, data in changelog.items():
+            if data:
+                self.entries[request_id] = _Entry.load(data)
+            else:
+                self.entries.pop(request_id, None)
+        for request_id, entry in self.entries.items():
+            self._track(request_id, entry)
+            if entry.interaction is not None and not entry.emitted:
+                deadline = entry.interaction.created_at + self.config.window_s
+                heapq.heappush(self._deadlines, (deadline, request_id))
+            for pref in entry.preferences:
+                self._waiting.setdefault(pref.other_request_id or "", set()).add(request_id)
+        self._changed.clear()
+
+    # -- internals --------------------------------------------------------------------------
+    def _entry(self, request_id: str, seen: float) -> _Entry:
+        entry = self.entries.get(request_id)
+        if entry is None:
+            entry = self.entries[request_id] = _Entry(first_seen=seen)
+            self._track(request_id, entry)
+        return entry
+
+    def _track(self, request_id: str, entry: _Entry) -> None:
+        expiry = entry.first_seen + self.config.window_s + self.config.retention_s
+        heapq.heappush(self._expiries, (expiry, request_id))
+
+    def _deadline(self, entry: _Entry) -> float | None:
+        if entry.interaction is None:
+            return None
+        return entry.interaction.created_at + self.config.window_s
+
+    def _reward(self, feedback: list[Feedback]) -> float:
+        rewards = [(f.created_at, self.config.mapping.reward(f)) for f in feedback]
+        rewards.sort(key=lambda item: item[0])
+        values = [r for _, r in rewards]
+        agg = self.config.aggregation
+        if agg == "sum":
+            return sum(values)
+        if agg == "mean":
+            return sum(values) / len(values)
+        return values[0] if agg == "earliest" else values[-1]
+
+    def _close(self, entry: _Entry) -> list[TrainingSample]:
+        entry.emitted = True
+        interaction = entry.interaction
+        assert interaction is not None
+        scored = entry.feedback
+        if scored:
+            reward, defaulted = self._reward(scored), False
+        elif self.config.default_reward is not None:
+            reward, defaulted = self.config.default_reward, True
+        else:
+            self.stats["no_feedback"] += 1
+            return []
+        self.stats["defaulted" if defaulted else "joined"] += 1
+        return [
+            TrainingSample(
+                sample_id=f"s-{interaction.request_id}",
+                kind="single",
+                model=interaction.model,
+                user_id=interaction.user_id,
+                prompt=interaction.prompt,
+                prompt_token_ids=interaction.prompt_token_ids,
+                completion=_completion(interaction),
+                reward=reward,
+                feedback_kind=scored[-1].kind if scored else None,
+                label=self.config.mapping.is_desirable(reward),
+                defaulted=defaulted,
+                reward_mapping_version=self.config.mapping.version,
+                behaviour_versions=[interaction.adapter_version],
+                feedback_event_ids=sorted(f.event_id for f in scored),
+                created_at=interaction.created_at,
+            )
+        ]
+
+    def _try_pair(self, pref: Feedback) -> list[TrainingSample]:
+        this = self.entries.get(pref.request_id)
+        other = self.entries.get(pref.other_request_id or "")
+        if this is None or this.interaction is None or other is None or other.interaction is None:
+            return []  # waits for the missing interaction
+        this.preferences.remove(pref)
+        self._changed.add(pref.request_id)
+        a, b = this.interaction, other.interaction
+        if a.prompt_token_ids != b.prompt_token_ids:
+            self.stats["pair_prompt_mismatch"] += 1
+            logger.info("preference %s compares different prompts: dropped", pref.event_id)
+            return []
+        chosen, rejected = (a, b) if pref.winner == "this" else (b, a)
+        self.stats["pairs"] += 1
+        digest = hashlib.sha256(f"{pref.request_id}\0{pref.event_id}".encode()).hexdigest()[:24]
+        return [
+            TrainingSample(
+                sample_id=f"p-{digest}",
+                kind="pair",
+                model=a.model,
+                user_id=pref.user_id,
+                prompt=a.prompt,
+                prompt_token_ids=a.prompt_token_ids,
+                chosen=_completion(chosen),
+                rejected=_completion(rejected),
+                feedback_kind=FeedbackKind.preference,
+                reward_mapping_version=self.config.mapping.version,
+                behaviour_versions=[chosen.adapter_version, rejected.adapter_version],
+                feedback_event_ids=[pref.event_id],
+                created_at=max(a.created_at, b.created_at),
+            )
+        ]

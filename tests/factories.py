@@ -1,0 +1,78 @@
+"""Builders of valid events for tests (override any field by keyword)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from online_rl.bus import Bus, Consumer, Record
+from online_rl.events import Feedback, FeedbackKind, Interaction, Message
+
+
+def interaction(request_id: str, created_at: float = 100.0, **overrides: Any) -> Interaction:
+    fields: dict[str, Any] = {
+        "request_id": request_id,
+        "user_id": "u1",
+        "created_at": created_at,
+        "model": "SmolLM2-135M-Instruct",
+        "adapter_version": None,
+        "prompt": [Message(role="user", content="Say hi")],
+        "prompt_token_ids": [1, 2, 3],
+        "completion": "hi",
+        "completion_token_ids": [7, 8],
+        "completion_logprobs": [-0.1, -0.2],
+    }
+    fields.update(overrides)
+    return Interaction(**fields)
+
+
+def thumbs(request_id: str, up: bool, created_at: float = 101.0, event_id: str | None = None,
+           **overrides: Any) -> Feedback:
+    fields: dict[str, Any] = {
+        "event_id": event_id or f"e-{request_id}-{created_at}-{up}",
+        "request_id": request_id,
+        "user_id": "u1",
+        "created_at": created_at,
+        "kind": FeedbackKind.thumbs,
+        "value": 1.0 if up else -1.0,
+    }
+    fields.update(overrides)
+    return Feedback(**fields)
+
+
+def rating(request_id: str, value: float, created_at: float = 101.0, event_id: str | None = None) -> Feedback:
+    return Feedback(
+        event_id=event_id or f"r-{request_id}-{created_at}",
+        request_id=request_id,
+        user_id="u1",
+        created_at=created_at,
+        kind=FeedbackKind.rating,
+        value=value,
+        scale=(1.0, 5.0),
+    )
+
+
+def preference(request_id: str, other: str, winner: str = "this", created_at: float = 102.0,
+               event_id: str | None = None) -> Feedback:
+    return Feedback(
+        event_id=event_id or f"p-{request_id}-{other}",
+        request_id=request_id,
+        user_id="u1",
+        created_at=created_at,
+        kind=FeedbackKind.preference,
+        other_request_id=other,
+        winner=winner,  # type: ignore[arg-type]
+    )
+
+
+BusFactory = Callable[..., Bus]
+
+
+def drain(consumer: Consumer, count: int, timeout: float = 30.0) -> list[Record]:
+    """Poll until `count` records arrived or `timeout` passed."""
+    out: list[Record] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count and time.monotonic() < deadline:
+        out.extend(consumer.poll(500, 0.5))
+    return out

@@ -1,0 +1,125 @@
+"""The join's logic on crafted timelines (pure: no bus)."""
+
+from __future__ import annotations
+
+import pytest
+
+from online_rl.errors import ConfigError
+from online_rl.stream.join import JoinConfig, JoinState
+from tests.factories import interaction, preference, rating, thumbs
+
+
+def _state(**kwargs: object) -> JoinState:
+    return JoinState(JoinConfig(window_s=10.0, retention_s=30.0, **kwargs))  # type: ignore[arg-type]
+
+
+def test_feedback_in_the_window_is_joined_when_the_window_closes() -> None:
+    state = _state()
+    assert state.add_interaction(interaction("r1", created_at=100.0)) == []
+    assert state.add_feedback(thumbs("r1", up=True, created_at=105.0)) == []
+    assert state.advance(109.0) == []
+    (sample,) = state.advance(110.5)
+    assert sample.kind == "single" and sample.reward == 1.0 and sample.label is True
+    assert sample.completion is not None and sample.completion.request_id == "r1"
+    assert sample.sample_id == "s-r1"
+    assert sample.feedback_event_ids == ["e-r1-105.0-True"]
+    assert state.advance(200.0) == []
+
+
+def test_feedback_before_the_interaction_is_visible_still_joins() -> None:
+    state = _state()
+    state.add_feedback(thumbs("r1", up=False, created_at=100.5))
+    state.add_interaction(interaction("r1", created_at=100.0))
+    (sample,) = state.advance(111.0)
+    assert sample.reward == 0.0 and sample.label is False
+
+
+def test_duplicate_event_ids_count_once() -> None:
+    state = _state(aggregation="sum")
+    state.add_interaction(interaction("r1"))
+    state.add_feedback(thumbs("r1", up=True, event_id="same"))
+    state.add_feedback(thumbs("r1", up=True, event_id="same"))
+    (sample,) = state.advance(1000.0)
+    assert sample.reward == 1.0
+    assert state.stats["duplicate_feedback"] == 1
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "expected"), [("sum", 1.5), ("mean", 0.75), ("earliest", 0.5), ("latest", 1.0)]
+)
+def test_aggregations(aggregation: str, expected: float) -> None:
+    state = _state(aggregation=aggregation)
+    state.add_interaction(interaction("r1", created_at=100.0))
+    state.add_feedback(rating("r1", 5.0, created_at=104.0))  # 1.0
+    state.add_feedback(rating("r1", 3.0, created_at=102.0))  # 0.5
+    (sample,) = state.advance(111.0)
+    assert sample.reward == pytest.approx(expected)
+
+
+def test_late_feedback_is_counted_not_trained_on() -> None:
+    state = _state()
+    state.add_interaction(interaction("r1", created_at=100.0))
+    state.add_feedback(thumbs("r1", up=True, created_at=104.0))
+    assert len(state.advance(111.0)) == 1
+    assert state.add_feedback(thumbs("r1", up=False, created_at=112.0)) == []
+    # Also late by event time even before the window was closed by processing time.
+    state.add_interaction(interaction("r2", created_at=200.0))
+    state.add_feedback(thumbs("r2", up=True, created_at=215.0))
+    assert state.advance(211.0) == []  # no in-time feedback, no default
+    assert state.stats["late_feedback"] == 2
+    assert state.stats["no_feedback"] == 1
+
+
+def test_default_reward_when_the_window_closes_without_feedback() -> None:
+    state = _state(default_reward=0.5)
+    state.add_interaction(interaction("r1", created_at=100.0))
+    (sample,) = state.advance(111.0)
+    assert sample.defaulted is True and sample.reward == 0.5
+
+
+def test_preference_becomes_a_pair_once_both_interactions_are_known() -> None:
+    state = _state()
+    state.add_interaction(interaction("a", completion="good", completion_token_ids=[5],
+                                      completion_logprobs=[-0.5], adapter_version="p-v2"))
+    assert state.add_feedback(preference("a", "b", winner="other")) == []  # b not seen yet
+    (pair,) = state.add_interaction(interaction("b", completion="better", completion_token_ids=[6],
+                                                completion_logprobs=[-0.4]))
+    assert pair.kind == "pair"
+    assert pair.chosen is not None and pair.chosen.request_id == "b"
+    assert pair.rejected is not None and pair.rejected.request_id == "a"
+    assert pair.behaviour_versions == [None, "p-v2"]
+    assert state.add_feedback(preference("a", "b", winner="other")) == []  # duplicate event id
+    # The preference does not make "a" or "b" a single sample (they had no scalar feedback).
+    assert state.advance(1000.0) == []
+
+
+def test_preference_on_different_prompts_is_dropped() -> None:
+    state = _state()
+    state.add_interaction(interaction("a"))
+    state.add_interaction(interaction("b", prompt_token_ids=[9, 9]))
+    assert state.add_feedback(preference("a", "b")) == []
+    assert state.stats["pair_prompt_mismatch"] == 1
+
+
+def test_state_survives_a_restart_in_the_middle_of_a_window() -> None:
+    state = _state()
+    state.add_interaction(interaction("r1", created_at=100.0))
+    state.add_feedback(thumbs("r1", up=True, created_at=103.0, event_id="x"))
+    state.add_feedback(preference("r1", "r2"))
+    changelog = state.drain_changes()
+
+    restarted = _state()
+    restarted.restore(changelog)
+    assert restarted.add_feedback(thumbs("r1", up=True, created_at=103.0, event_id="x")) == []
+    assert restarted.stats["duplicate_feedback"] == 1
+    (pair,) = restarted.add_interaction(interaction("r2", created_at=101.0))
+    assert pair.kind == "pair"
+    singles = restarted.advance(112.0)
+    assert [s.sample_id for s in singles] == ["s-r1"]
+
+
+def test_bad_config_says_how_to_fix() -> None:
+    with pytest.raises(ConfigError, match="aggregation"):
+        JoinConfig(aggregation="median")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="window_s"):
+        JoinConfig(window_s=0)
