@@ -21,7 +21,7 @@ from online_rl.bus.base import (
     partition_for,
 )
 from online_rl.bus.dlq import DeadLetters, decode_or_dead_letter
-from online_rl.bus.topics import DLQ, FEEDBACK, INTERACTIONS, JOIN_STATE, SAMPLES, ensure_topics
+from online_rl.bus.topics import DLQ, FEEDBACK, INTERACTIONS, JOIN_STATE, SAMPLES, Topics, ensure_topics
 
 if TYPE_CHECKING:
     from online_rl.config import Settings
@@ -44,6 +44,7 @@ __all__ = [
     "Record",
     "RecordMetadata",
     "TopicPartition",
+    "Topics",
     "UnknownTopic",
     "decode_or_dead_letter",
     "ensure_topics",

@@ -23,9 +23,10 @@ E = TypeVar("E", bound=_Event)
 class DeadLetters:
     """Sends rejected records to `orl.dlq` (confirmed on the producer's next flush)."""
 
-    def __init__(self, producer: Producer, component: str) -> None:
+    def __init__(self, producer: Producer, component: str, topic: str = DLQ) -> None:
         self._producer = producer
         self._component = component
+        self._topic = topic
         self.count = 0
 
     def send(self, record: Record, reason: str) -> None:
@@ -33,7 +34,7 @@ class DeadLetters:
             "dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
         )
         self._producer.produce(
-            DLQ,
+            self._topic,
             record.value,
             record.key,
             headers=[

@@ -117,51 +117,53 @@ class _KafkaProducer(Producer):
         if transactional_id is not None:
             config["transactional.id"] = transactional_id
         self._p = ck.Producer(config)
-        self._pending: list[RecordMetadata | None] = []
+        self._queued = 0
+        self._delivered: list[RecordMetadata] = []
         self._errors: list[str] = []
         self._transactional = transactional_id is not None
         if self._transactional:
             try:
-                self._p.init_transactions(30)
+                self._p.init_transactions(60)
             except ck.KafkaException as exc:
                 raise BusUnavailable(f"could not start transactional producer: {exc}") from exc
+
+    def _on_delivery(self, err: ck.KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(f"{msg.topic()}: {err.str()}")
+        else:
+            self._delivered.append(RecordMetadata(msg.topic(), msg.partition(), msg.offset()))
 
     def produce(
         self, topic: str, value: bytes, key: bytes | None = None, headers: Headers | None = None
     ) -> None:
-        index = len(self._pending)
-        self._pending.append(None)
-
-        def delivered(err: ck.KafkaError | None, msg: Any) -> None:
-            if err is not None:
-                self._errors.append(f"{topic}: {err.str()}")
-            else:
-                self._pending[index] = RecordMetadata(msg.topic(), msg.partition(), msg.offset())
-
         while True:
             try:
-                self._p.produce(topic, value, key, headers=list(headers) if headers else None,
-                                on_delivery=delivered)
+                if headers:
+                    self._p.produce(topic, value, key, headers=list(headers), on_delivery=self._on_delivery)
+                else:
+                    self._p.produce(topic, value, key, on_delivery=self._on_delivery)
                 break
             except BufferError:
                 self._p.poll(0.1)  # local queue full: serve delivery reports, then retry
-        if len(self._pending) % 1000 == 0:
+        self._queued += 1
+        if self._queued % 1000 == 0:
             self._p.poll(0)
+
+    def _take(self) -> tuple[int, list[RecordMetadata], list[str]]:
+        out = (self._queued, self._delivered, self._errors)
+        self._queued, self._delivered, self._errors = 0, [], []
+        return out
 
     def flush(self, timeout: float = 30.0) -> list[RecordMetadata]:
         remaining = self._p.flush(timeout)
-        pending, errors = self._pending, self._errors
-        self._pending, self._errors = [], []
+        queued, delivered, errors = self._take()
         if remaining:
             raise BusUnavailable(f"{remaining} records not confirmed by Kafka within {timeout}s")
         if errors:
             raise DeliveryError(f"{len(errors)} records were not written: {errors[:3]}")
-        if self._transactional:
-            return [m for m in pending if m is not None]
-        missing = sum(1 for m in pending if m is None)
-        if missing:
-            raise DeliveryError(f"{missing} records have no delivery report")
-        return [m for m in pending if m is not None]
+        if len(delivered) != queued and not self._transactional:
+            raise DeliveryError(f"{queued - len(delivered)} records have no delivery report")
+        return delivered
 
     def begin_transaction(self) -> None:
         if not self._transactional:
@@ -181,20 +183,20 @@ class _KafkaProducer(Producer):
                     timeout,
                 )
             self._p.commit_transaction(timeout)
+            self._take()
         except ck.KafkaException as exc:
             error = exc.args[0]
-            self._pending, self._errors = [], []
+            self._take()
             if error.fatal():
                 raise ProducerFenced(f"transactional producer is fenced or broken: {error.str()}") from exc
             if error.txn_requires_abort():
                 self._p.abort_transaction(timeout)
                 raise CommitFailed(f"transaction aborted: {error.str()}") from exc
             raise BusUnavailable(f"transaction commit did not complete: {error.str()}") from exc
-        self._pending, self._errors = [], []
 
     def abort_transaction(self, timeout: float = 30.0) -> None:
         self._p.abort_transaction(timeout)
-        self._pending, self._errors = [], []
+        self._take()
 
     def close(self) -> None:
         self._p.flush(5)

@@ -1,22 +1,58 @@
-"""Topic names (the contract in docs/architecture.md) and their creation."""
+"""Topic names (the contract in docs/architecture.md) and their creation.
+
+The names are `<prefix>.<name>` with the prefix `orl` by default; another prefix lets several
+deployments (or test runs) share one Kafka cluster without seeing each other's records.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from online_rl.bus.base import Bus
 
-__all__ = ["DLQ", "FEEDBACK", "INTERACTIONS", "JOIN_STATE", "SAMPLES", "ensure_topics"]
-
-INTERACTIONS = "orl.interactions"
-FEEDBACK = "orl.feedback"
-SAMPLES = "orl.samples"
-DLQ = "orl.dlq"
-JOIN_STATE = "orl.join-state"  # the joiner's compacted changelog (internal)
+__all__ = ["DLQ", "FEEDBACK", "INTERACTIONS", "JOIN_STATE", "SAMPLES", "Topics", "ensure_topics"]
 
 
-def ensure_topics(bus: Bus, partitions: int = 4) -> None:
+@dataclass(frozen=True)
+class Topics:
+    """The topic names of one deployment."""
+
+    prefix: str = "orl"
+
+    @property
+    def interactions(self) -> str:
+        return f"{self.prefix}.interactions"
+
+    @property
+    def feedback(self) -> str:
+        return f"{self.prefix}.feedback"
+
+    @property
+    def samples(self) -> str:
+        return f"{self.prefix}.samples"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}.dlq"
+
+    @property
+    def join_state(self) -> str:
+        """The joiner's compacted changelog (internal)."""
+        return f"{self.prefix}.join-state"
+
+
+_DEFAULT = Topics()
+INTERACTIONS = _DEFAULT.interactions
+FEEDBACK = _DEFAULT.feedback
+SAMPLES = _DEFAULT.samples
+DLQ = _DEFAULT.dlq
+JOIN_STATE = _DEFAULT.join_state
+
+
+def ensure_topics(bus: Bus, partitions: int = 4, topics: Topics = _DEFAULT) -> None:
     """Create every topic of the contract; interactions and feedback share a partition count so
     that the same request id lands on the same partition of both (co-partitioning for the join)."""
-    for name in (INTERACTIONS, FEEDBACK, SAMPLES):
+    for name in (topics.interactions, topics.feedback, topics.samples):
         bus.create_topic(name, partitions)
-    bus.create_topic(DLQ, 1)
-    bus.create_topic(JOIN_STATE, partitions, compact=True)
+    bus.create_topic(topics.dlq, 1)
+    bus.create_topic(topics.join_state, partitions, compact=True)

@@ -135,7 +135,8 @@ class JoinState:
             return []
         entry.interaction = interaction
         self._changed.add(interaction.request_id)
-        heapq.heappush(self._deadlines, (interaction.created_at + self.config.window_s, interaction.request_id))
+        deadline = interaction.created_at + self.config.window_s
+        heapq.heappush(self._deadlines, (deadline, interaction.request_id))
         out: list[TrainingSample] = []
         # Preferences that named this request as the other side were waiting for it.
         for waiting_id in sorted(self._waiting.pop(interaction.request_id, set())):

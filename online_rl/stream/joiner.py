@@ -15,15 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from online_rl.bus import (
-    FEEDBACK,
-    INTERACTIONS,
-    JOIN_STATE,
-    SAMPLES,
-    Bus,
-    DeadLetters,
-    decode_or_dead_letter,
-)
+from online_rl.bus import Bus, DeadLetters, Topics, decode_or_dead_letter
 from online_rl.events import Feedback, Interaction, encode
 from online_rl.stream.join import JoinConfig, JoinState
 
@@ -48,24 +40,26 @@ class Joiner:
         group_id: str = "orl-joiner",
         transactional_id: str = "orl-joiner-0",
         clock: Callable[[], float] = time.time,
+        topics: Topics | None = None,
     ) -> None:
         self.bus = bus
+        self.topics = topics = topics or Topics()
         self.state = JoinState(config)
         self._clock = clock
         self._watermark = 0.0
         self._restore()
         self._producer = bus.producer(transactional_id=transactional_id)
-        self._dead = DeadLetters(self._producer, "joiner")
+        self._dead = DeadLetters(self._producer, "joiner", topics.dlq)
         self._consumer = bus.consumer(group_id)
-        self._consumer.subscribe([INTERACTIONS, FEEDBACK])
+        self._consumer.subscribe([topics.interactions, topics.feedback])
 
     def _restore(self) -> None:
         latest: dict[str, bytes] = {}
-        for record in self.bus.read_all(JOIN_STATE):
+        for record in self.bus.read_all(self.topics.join_state):
             if record.key is not None:
                 latest[record.key.decode()] = record.value
         self.state.restore(latest)
-        logger.info("joiner restored %d entries from %s", len(self.state.entries), JOIN_STATE)
+        logger.info("joiner restored %d entries from %s", len(self.state.entries), self.topics.join_state)
 
     def step(self, max_records: int = 1000, timeout: float = 0.5) -> StepResult:
         """Read one batch, join it, and commit outputs and offsets atomically."""
@@ -74,9 +68,11 @@ class Joiner:
         try:
             samples = []
             interactions = decode_or_dead_letter(
-                (r for r in records if r.topic == INTERACTIONS), Interaction, self._dead
+                (r for r in records if r.topic == self.topics.interactions), Interaction, self._dead
             )
-            feedback = decode_or_dead_letter((r for r in records if r.topic == FEEDBACK), Feedback, self._dead)
+            feedback = decode_or_dead_letter(
+                (r for r in records if r.topic == self.topics.feedback), Feedback, self._dead
+            )
             # Interactions first: feedback in the same batch then finds its interaction.
             for _, interaction in interactions:
                 self._watermark = max(self._watermark, interaction.created_at)
@@ -84,20 +80,43 @@ class Joiner:
             for _, event in feedback:
                 self._watermark = max(self._watermark, event.created_at)
                 samples.extend(self.state.add_feedback(event))
-            if not records:  # caught up: the wall clock may close windows
+            if not records and self.caught_up():  # only then may the wall clock close windows
                 self._watermark = max(self._watermark, self._clock())
             samples.extend(self.state.advance(self._watermark))
             for sample in samples:
                 key = sample.completion.request_id if sample.completion else sample.sample_id
-                self._producer.produce(SAMPLES, encode(sample), key.encode())
+                self._producer.produce(self.topics.samples, encode(sample), key.encode())
             for request_id, data in self.state.drain_changes().items():
-                self._producer.produce(JOIN_STATE, data, request_id.encode())
+                self._producer.produce(self.topics.join_state, data, request_id.encode())
             self._producer.commit_transaction(self._consumer.next_offsets(records), self._consumer)
         except BaseException:
-            self._producer.abort_transaction()
+            try:
+                self._producer.abort_transaction()
+            except Exception:  # the commit may already have aborted it
+                logger.debug("abort after a failed step", exc_info=True)
             self._recover()
             raise
         return StepResult(len(records), len(samples))
+
+    def caught_up(self) -> bool:
+        """True when this joiner owns its inputs and has read everything written to them.
+
+        An empty poll alone is not enough: before the group assigns partitions (or while a fetch
+        is in flight) a poll is empty too, and closing windows then would drop feedback."""
+        assigned = self._consumer.assignment()
+        if not assigned:
+            return False
+        ends: dict[object, int] = {}
+        for topic in (self.topics.interactions, self.topics.feedback):
+            ends.update(self.bus.end_offsets(topic))
+        committed = self._consumer.committed(assigned)
+        for tp in assigned:
+            position = self._consumer.position(tp)
+            if position is None:
+                position = committed.get(tp) or 0
+            if position < ends.get(tp, 0):
+                return False
+        return len(assigned) == len(ends)
 
     def _recover(self) -> None:
         """After an aborted step: rebuild the state and rewind the inputs to the committed offsets."""

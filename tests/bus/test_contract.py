@@ -8,7 +8,6 @@ import uuid
 import pytest
 
 from online_rl.bus import (
-    DLQ,
     Bus,
     CommitFailed,
     DeadLetters,
@@ -201,18 +200,18 @@ def test_unknown_topic_is_a_clear_error(bus: Bus) -> None:
 
 def test_undecodable_records_go_to_the_dead_letter_topic(bus: Bus, topic: str) -> None:
     bus.create_topic(topic, 1)
-    bus.create_topic(DLQ, 1)
-    dlq_before = bus.end_offsets(DLQ)[TopicPartition(DLQ, 0)]
+    dlq = f"{topic}.dlq"
+    bus.create_topic(dlq, 1)
     producer = bus.producer()
     producer.produce(topic, b"\x01\x93garbage", key=b"r1")
     producer.flush()
     consumer = bus.consumer(_group())
     consumer.subscribe([topic])
     records = drain(consumer, 1)
-    dead = DeadLetters(producer, "test")
+    dead = DeadLetters(producer, "test", dlq)
     assert decode_or_dead_letter(records, Interaction, dead) == []
     producer.flush()
-    letters = [r for r in bus.read_all(DLQ) if r.offset >= dlq_before]
+    letters = list(bus.read_all(dlq))
     consumer.close()
     assert len(letters) == 1
     letter = letters[0]

@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections import Counter
 
-from online_rl.bus import FEEDBACK, INTERACTIONS, SAMPLES, Bus, ensure_topics
+from online_rl.bus import Bus, Topics, ensure_topics
 from online_rl.events import TrainingSample, decode, encode
 from online_rl.stream.join import JoinConfig
 from online_rl.stream.joiner import Joiner
 from tests.factories import BusFactory, interaction, preference, thumbs
 
 
-def _samples(bus: Bus) -> list[TrainingSample]:
-    return [decode(r.value, TrainingSample) for r in bus.read_all(SAMPLES)]
+def _samples(bus: Bus, topics: Topics) -> list[TrainingSample]:
+    return [decode(r.value, TrainingSample) for r in bus.read_all(topics.samples)]
 
 
-def _step_until_idle(joiner: Joiner, steps: int = 6) -> None:
-    for _ in range(steps):
-        joiner.step(timeout=0.3)
+def _step_until_idle(joiner: Joiner, timeout: float = 60.0) -> None:
+    """Step until the joiner has read all its input and a step finds nothing new."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if joiner.step(timeout=0.3).consumed == 0 and joiner.caught_up():
+            joiner.step(timeout=0.1)  # the step after catching up closes windows by the clock
+            return
+    raise AssertionError("the joiner did not catch up with its input")
 
 
 def test_joiner_restart_mid_window_joins_everything_exactly_once(make_bus: BusFactory) -> None:
     bus = make_bus()
-    ensure_topics(bus, partitions=2)
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
+    ensure_topics(bus, partitions=2, topics=topics)
+    INTERACTIONS, FEEDBACK = topics.interactions, topics.feedback
     now = [1000.0]
     config = JoinConfig(window_s=30.0, retention_s=120.0)
     producer = bus.producer()
@@ -35,9 +44,10 @@ def test_joiner_restart_mid_window_joins_everything_exactly_once(make_bus: BusFa
     producer.produce(FEEDBACK, b"\x01not an event", b"r5")
     producer.flush()
 
-    first = Joiner(bus, config, transactional_id="joiner-test", clock=lambda: now[0])
+    first = Joiner(bus, config, transactional_id="joiner-test", clock=lambda: now[0],
+                   topics=topics)
     _step_until_idle(first)
-    assert len(_samples(bus)) == 1  # only the pair, as soon as both interactions were known
+    assert len(_samples(bus, topics)) == 1  # only the pair, as soon as both interactions were known
     first.close()
 
     # Meanwhile: more feedback, a duplicate retry, and late feedback after the window.
@@ -48,11 +58,12 @@ def test_joiner_restart_mid_window_joins_everything_exactly_once(make_bus: BusFa
     producer.flush()
 
     now[0] = 1200.0  # the windows close while the second lifetime runs
-    second = Joiner(bus, config, transactional_id="joiner-test", clock=lambda: now[0])
+    second = Joiner(bus, config, transactional_id="joiner-test", clock=lambda: now[0],
+                   topics=topics)
     _step_until_idle(second)
     second.close()
 
-    samples = _samples(bus)
+    samples = _samples(bus, topics)
     counts = Counter(s.sample_id for s in samples)
     assert all(c == 1 for c in counts.values()), counts
     singles = {s.completion.request_id: s.reward for s in samples if s.kind == "single" and s.completion}
