@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from online_rl.bus import Bus, DeadLetters, Topics, decode_or_dead_letter
+from online_rl.bus import Bus, DeadLetters, TopicPartition, Topics, decode_or_dead_letter
 from online_rl.events import Feedback, Interaction, encode
 from online_rl.stream.join import JoinConfig, JoinState
 
@@ -106,7 +106,7 @@ class Joiner:
         assigned = self._consumer.assignment()
         if not assigned:
             return False
-        ends: dict[object, int] = {}
+        ends: dict[TopicPartition, int] = {}
         for topic in (self.topics.interactions, self.topics.feedback):
             ends.update(self.bus.end_offsets(topic))
         committed = self._consumer.committed(assigned)
