@@ -14,7 +14,7 @@ import os
 from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
@@ -24,6 +24,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from online_rl.errors import ConfigError
 
 __all__ = [
+    "BusConfig",
+    "JoinSettings",
     "KafkaConfig",
     "MlflowConfig",
     "ModelConfig",
@@ -78,6 +80,31 @@ class KafkaConfig(BaseModel):
                     "(several servers separated by commas)"
                 )
         return value.strip()
+
+
+class BusConfig(BaseModel):
+    """Topic names and the embedded bus."""
+
+    topic_prefix: str = Field(
+        default="orl",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="Topics are <prefix>.interactions, <prefix>.feedback, ...",
+    )
+    partitions: int = Field(default=4, ge=1, le=1024, description="Partitions of new topics.")
+    embedded_path: Path | None = Field(
+        default=None, description="SQLite file of the embedded bus (default <cache_dir>/bus/bus.db)."
+    )
+
+
+class JoinSettings(BaseModel):
+    """The feedback join (see online_rl/stream/join.py)."""
+
+    window_s: float = Field(default=60.0, gt=0, description="Reward wait window, seconds.")
+    aggregation: Literal["sum", "mean", "earliest", "latest"] = "mean"
+    default_reward: float | None = Field(
+        default=None, ge=0, le=1, description="Reward when no feedback came; empty drops the sample."
+    )
+    retention_s: float = Field(default=600.0, gt=0, description="How long joined requests are kept.")
 
 
 class MlflowConfig(BaseModel):
@@ -137,6 +164,8 @@ class Settings(BaseSettings):
     )
     model: ModelConfig = Field(default_factory=ModelConfig)
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    bus: BusConfig = Field(default_factory=BusConfig)
+    join: JoinSettings = Field(default_factory=JoinSettings)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
@@ -158,6 +187,11 @@ class Settings(BaseSettings):
         if self.model.path is not None:
             return self.model.path
         return self.cache_dir / "models" / self.model.name
+
+    @property
+    def bus_path(self) -> Path:
+        """The embedded bus's SQLite file."""
+        return self.bus.embedded_path or self.cache_dir / "bus" / "bus.db"
 
     @property
     def mlflow_tracking_uri(self) -> str:

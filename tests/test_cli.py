@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+from online_rl.bus import FEEDBACK, INTERACTIONS, SAMPLES
+from online_rl.bus.embedded import EmbeddedBus
+from online_rl.events import TrainingSample, decode, encode
+from tests.factories import interaction, thumbs
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -30,3 +38,36 @@ def test_bad_config_is_a_message_not_a_traceback() -> None:
     assert "ray.num_cpus" in result.stderr
     assert "ORL_RAY__NUM_CPUS" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_join_command_turns_feedback_into_samples_and_stops_cleanly(tmp_path: Path) -> None:
+    env = {"ORL_CACHE_DIR": str(tmp_path), "ORL_KAFKA__BOOTSTRAP_SERVERS": ""}
+    created = _cli("bus", "create-topics", "--partitions", "2", **env)
+    assert created.returncode == 0, created.stderr
+    assert "orl.samples: 2 partitions" in created.stdout
+
+    bus = EmbeddedBus(tmp_path / "bus" / "bus.db")
+    producer = bus.producer()
+    now = time.time()
+    producer.produce(INTERACTIONS, encode(interaction("req-1", created_at=now)), b"req-1")
+    producer.produce(FEEDBACK, encode(thumbs("req-1", up=True, created_at=now + 0.1)), b"req-1")
+    producer.flush()
+    joiner = subprocess.Popen(
+        [sys.executable, "-m", "online_rl.cli", "join", "--window", "0.5"],
+        env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        samples: list[TrainingSample] = []
+        while not samples and time.monotonic() < deadline:
+            samples = [decode(r.value, TrainingSample) for r in bus.read_all(SAMPLES, timeout=1.0)]
+            time.sleep(0.2)
+    finally:
+        joiner.send_signal(signal.SIGTERM)
+        out, err = joiner.communicate(timeout=60)
+    assert joiner.returncode == 0, err[-2000:]
+    assert "joiner stopped" in out
+    assert [(s.sample_id, s.reward) for s in samples] == [("s-req-1", 1.0)]
+
+    shown = _cli("bus", "tail", SAMPLES, **env)
+    assert shown.returncode == 0 and '"sample_id":"s-req-1"' in shown.stdout

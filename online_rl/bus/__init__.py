@@ -62,4 +62,4 @@ def open_bus(settings: Settings) -> Bus:
         return KafkaBus(settings.kafka.bootstrap_servers)
     from online_rl.bus.embedded import EmbeddedBus
 
-    return EmbeddedBus(settings.cache_dir / "bus" / "bus.db")
+    return EmbeddedBus(settings.bus_path)

