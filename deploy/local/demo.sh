@@ -2,8 +2,8 @@
 # The main job on the embedded default (the README's first command, `make demo`).
 #
 # Today it brings up what exists: the embedded model (prepared and verified through transformers
-# and vLLM), a real Kafka broker, the local MLflow store and a Ray runtime, and checks each one.
-# The full loop (serve -> feedback -> train -> canary -> promote) is not built yet; see the
+# and vLLM), a real Kafka broker, the local MLflow store and a Ray runtime, and the event log (one
+# interaction and its feedback joined into a training sample). The full loop (serve -> feedback -> train -> canary -> promote) is not built yet; see the
 # open issues.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -12,13 +12,13 @@ cd "$root"
 source deploy/local/env.sh
 cli=.venv/bin/online-rl
 
-echo "== 1/4 embedded model"
+echo "== 1/5 embedded model"
 $cli model prepare
 $cli model check --engine transformers
 $cli model check --engine vllm
-echo "== 2/4 Kafka broker"
+echo "== 2/5 Kafka broker"
 bash deploy/local/kafka/kafka.sh start
-echo "== 3/4 MLflow store and Ray runtime"
+echo "== 3/5 MLflow store and Ray runtime"
 .venv/bin/python - <<'PY'
 import ray
 from online_rl.config import load_settings
@@ -32,6 +32,31 @@ init_ray(settings)
 print(f"Ray runtime: {ray.cluster_resources().get('CPU', 0):.0f} CPUs")
 ray.shutdown()
 PY
-echo "== 4/4 the learning loop"
-echo "Not built yet: serving, feedback, training and canary rollout land with the next issues."
+echo "== 4/5 event log: topics, one interaction with feedback, the join"
+export ORL_KAFKA__BOOTSTRAP_SERVERS=${ORL_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:${ORL_KAFKA_PORT:-9092}}
+$cli bus create-topics
+.venv/bin/python - <<'PY'
+import time, uuid
+from online_rl.bus import FEEDBACK, INTERACTIONS, open_bus
+from online_rl.config import load_settings
+from online_rl.events import Feedback, Interaction, Message, encode
+
+bus = open_bus(load_settings())
+rid, now = f"demo-{uuid.uuid4().hex[:8]}", time.time()
+producer = bus.producer()
+producer.produce(INTERACTIONS, encode(Interaction(
+    request_id=rid, user_id="demo-user", created_at=now, model="SmolLM2-135M-Instruct",
+    prompt=[Message(role="user", content="What is the capital of France?")], prompt_token_ids=[1],
+    completion="The capital of France is Paris.", completion_token_ids=[2], completion_logprobs=[-0.1],
+)), rid.encode())
+producer.produce(FEEDBACK, encode(Feedback(
+    event_id=f"{rid}-up", request_id=rid, user_id="demo-user", created_at=now + 0.5, kind="thumbs", value=1,
+)), rid.encode())
+producer.flush()
+print(f"published interaction {rid} and a thumbs-up")
+PY
+timeout -s TERM 20 $cli join --window 2 || true
+$cli bus tail orl.samples --count 1
+echo "== 5/5 the learning loop"
+echo "Not built yet: serving, the feedback API, training and canary rollout land with the next issues."
 echo "The Kafka broker is left running; stop it with: make kafka-stop"
