@@ -12,6 +12,8 @@ This module knows nothing about Kafka, the join or training.
 from __future__ import annotations
 
 import math
+import sys
+from array import array
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -38,6 +40,7 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 _WIRE_FORMAT = b"\x01"  # msgpack envelope, version 1
+_BIG_ENDIAN = sys.byteorder == "big"
 Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/+=-]+$")]
 
 
@@ -76,11 +79,12 @@ class SamplingParams(BaseModel):
     seed: int | None = None
 
 
-def _finite(values: list[float]) -> list[float]:
+def _logprobs(values: list[float]) -> list[float]:
+    """Check log-probabilities and round them to float32, the precision they travel in."""
     for value in values:
         if math.isnan(value) or value > 0.0:
             raise ValueError("log-probabilities must be numbers <= 0")
-    return values
+    return array("f", values).tolist()
 
 
 class Interaction(_Event):
@@ -105,7 +109,7 @@ class Interaction(_Event):
     finish_reason: str = Field(default="stop", max_length=32)
     latency_ms: float = Field(default=0.0, ge=0)
 
-    _check_logprobs = field_validator("completion_logprobs")(_finite)
+    _check_logprobs = field_validator("completion_logprobs")(_logprobs)
 
     @model_validator(mode="after")
     def _lengths_match(self) -> Interaction:
@@ -182,6 +186,8 @@ class Completion(BaseModel):
     adapter_version: str | None = None
     finish_reason: str = "stop"
 
+    _check_logprobs = field_validator("logprobs")(_logprobs)
+
 
 class TrainingSample(_Event):
     """A joined record: one completion with its reward, or a chosen/rejected pair."""
@@ -224,10 +230,30 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(dict)
 
 
+def _pack_floats(body: dict[str, Any], pack: bool) -> None:
+    """Log-probabilities travel as little-endian float32 bytes: 4 bytes each instead of 9."""
+    for key, value in body.items():
+        if key.endswith("logprobs"):
+            if pack and isinstance(value, list):
+                floats = array("f", value)
+                if _BIG_ENDIAN:
+                    floats.byteswap()
+                body[key] = floats.tobytes()
+            elif not pack and isinstance(value, bytes):
+                floats = array("f")
+                floats.frombytes(value)
+                if _BIG_ENDIAN:
+                    floats.byteswap()
+                body[key] = floats.tolist()
+        elif isinstance(value, dict):
+            _pack_floats(value, pack)
+
+
 def encode(event: _Event) -> bytes:
     """The wire bytes of an event."""
     body: dict[str, Any] = event.model_dump(mode="json", exclude_none=True)
     body["type"] = _NAMES[type(event)]
+    _pack_floats(body, pack=True)
     return _WIRE_FORMAT + _encoder.encode(body)
 
 
@@ -249,8 +275,11 @@ def decode(data: bytes, expected: type[E]) -> E:
             "upgrade online-rl"
         )
     try:
+        _pack_floats(body, pack=False)
         return expected.model_validate(body)
-    except ValidationError as exc:
+    except (ValidationError, ValueError) as exc:
+        if not isinstance(exc, ValidationError):
+            raise MalformedRecord(f"invalid {_NAMES[expected]}: {exc}") from exc
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "(record)"
         raise MalformedRecord(f"invalid {_NAMES[expected]}: {field}: {first['msg']}") from exc

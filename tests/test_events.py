@@ -1,0 +1,90 @@
+"""Events: validation with clear messages, the wire format, and typed decode errors."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from pydantic import ValidationError
+
+from online_rl.events import (
+    Feedback,
+    FeedbackKind,
+    Interaction,
+    MalformedRecord,
+    TrainingSample,
+    UnsupportedSchemaVersion,
+    decode,
+    encode,
+)
+from online_rl.stream.join import JoinConfig, JoinState
+from tests.factories import interaction, preference, rating, thumbs
+
+
+def test_every_event_type_round_trips() -> None:
+    state = JoinState(JoinConfig(window_s=1.0, retention_s=1.0))
+    state.add_interaction(interaction("r1"))
+    state.add_feedback(thumbs("r1", up=True))
+    (sample,) = state.advance(1e6)
+    for event, kind in ((interaction("r1"), Interaction), (rating("r1", 4.0), Feedback),
+                        (preference("a", "b"), Feedback), (sample, TrainingSample)):
+        data = encode(event)
+        assert data[:1] == b"\x01"
+        assert decode(data, kind) == event
+
+
+def test_wire_format_is_compact() -> None:
+    event = interaction("r1", completion_token_ids=list(range(64)), completion_logprobs=[-0.5] * 64)
+    assert len(encode(event)) < len(event.model_dump_json())
+
+
+def test_a_newer_schema_version_is_a_typed_error() -> None:
+    body = msgspec.msgpack.decode(encode(thumbs("r1", up=True))[1:])
+    body["schema_version"] = 99
+    with pytest.raises(UnsupportedSchemaVersion, match=r"schema_version 99 is newer.*upgrade online-rl"):
+        decode(b"\x01" + msgspec.msgpack.encode(body), Feedback)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "wire format"),
+        (b"{json}", "wire format"),
+        (b"\x01\xc1", "not MessagePack"),
+        (encode(interaction("r1")), "is not 'feedback'"),
+        (b"\x01" + msgspec.msgpack.encode({"type": "feedback", "event_id": "e"}), "invalid feedback"),
+    ],
+)
+def test_malformed_records_are_typed_errors(data: bytes, message: str) -> None:
+    with pytest.raises(MalformedRecord, match=message):
+        decode(data, Feedback)
+
+
+def test_logprobs_must_match_the_completion_tokens() -> None:
+    with pytest.raises(ValidationError, match="one log-probability per completion token"):
+        interaction("r1", completion_token_ids=[1, 2, 3], completion_logprobs=[-0.1])
+    with pytest.raises(ValidationError, match="<= 0"):
+        interaction("r1", completion_token_ids=[1], completion_logprobs=[0.5])
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"kind": "thumbs", "value": 0}, "value 1 \\(up\\) or -1 \\(down\\)"),
+        ({"kind": "rating", "value": 9, "scale": (1, 5)}, "must lie on its scale"),
+        ({"kind": "rating", "value": 3}, "needs value and scale"),
+        ({"kind": "scalar"}, "needs a value"),
+        ({"kind": "implicit", "value": 3}, "needs a signal name"),
+        ({"kind": "preference", "other_request_id": "r2"}, "needs other_request_id and winner"),
+        ({"kind": "preference", "other_request_id": "r1", "winner": "this"}, "two different request ids"),
+        ({"kind": "stars", "value": 1}, "kind"),
+        ({"kind": "thumbs", "value": 1, "request_id": "has space"}, "request_id"),
+    ],
+)
+def test_feedback_validation_names_the_problem(fields: dict[str, object], message: str) -> None:
+    base: dict[str, object] = {"event_id": "e1", "request_id": "r1", "user_id": "u1", "created_at": 1.0}
+    with pytest.raises(ValidationError, match=message):
+        Feedback(**{**base, **fields})
+
+
+def test_feedback_kinds_are_the_contract() -> None:
+    assert {k.value for k in FeedbackKind} == {"thumbs", "rating", "scalar", "preference", "implicit"}
