@@ -78,7 +78,7 @@ class Record(NamedTuple):
     partition: int
     offset: int
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a tombstone (compacted topics)
     timestamp: float
     headers: tuple[tuple[str, bytes], ...] = ()
 
@@ -142,9 +142,9 @@ class Producer(abc.ABC):
 
     @abc.abstractmethod
     def produce(
-        self, topic: str, value: bytes, key: bytes | None = None, headers: Headers | None = None
+        self, topic: str, value: bytes | None, key: bytes | None = None, headers: Headers | None = None
     ) -> None:
-        """Queue one record. Confirmation comes with `flush`."""
+        """Queue one record (value None: a tombstone). Confirmation comes with `flush`."""
 
     @abc.abstractmethod
     def flush(self, timeout: float = 30.0) -> list[RecordMetadata]:
@@ -156,7 +156,7 @@ class Producer(abc.ABC):
     def send(
         self,
         topic: str,
-        value: bytes,
+        value: bytes | None,
         key: bytes | None = None,
         headers: Headers | None = None,
         timeout: float = 30.0,
@@ -218,6 +218,10 @@ class Consumer(abc.ABC):
         """The offset the next `poll` would read on an assigned partition (None: not yet known)."""
 
     @abc.abstractmethod
+    def end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        """The next offset that would be written on each partition (cheap: may be cached)."""
+
+    @abc.abstractmethod
     def assignment(self) -> list[TopicPartition]: ...
 
     @abc.abstractmethod
@@ -261,13 +265,20 @@ class Bus(abc.ABC):
     def consumer(self, group_id: str, auto_offset_reset: str = "earliest") -> Consumer: ...
 
     def read_all(self, topic: str, timeout: float = 30.0) -> Iterator[Record]:
-        """Every record currently in `topic` (a throw-away consumer; nothing committed)."""
+        """Every record currently in `topic` (a throw-away consumer; nothing committed).
+
+        Raises `BusUnavailable` if it cannot reach the end within `timeout`: a partial read must
+        never pass for a complete one (restoring state from a changelog relies on it)."""
         ends = {tp: end for tp, end in self.end_offsets(topic).items() if end > 0}
         consumer = self.consumer(f"read-all-{uuid.uuid4().hex}")
         try:
             consumer.subscribe([topic])
             deadline = time.monotonic() + timeout
-            while ends and time.monotonic() < deadline:
+            while ends:
+                if time.monotonic() >= deadline:
+                    raise BusUnavailable(
+                        f"could not read {topic} to its end within {timeout}s ({len(ends)} partitions left)"
+                    )
                 yield from consumer.poll(1000, 0.2)
                 # Positions, not record offsets: transaction markers occupy offsets too.
                 for tp in [tp for tp in ends if (consumer.position(tp) or 0) >= ends[tp]]:

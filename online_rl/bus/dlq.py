@@ -54,6 +54,9 @@ def decode_or_dead_letter(
     """Decode each record; send the ones that fail to the dead-letter topic and carry on."""
     out: list[tuple[Record, E]] = []
     for record in records:
+        if record.value is None:
+            dead.send(record, "empty value (a tombstone where an event was expected)")
+            continue
         try:
             out.append((record, decode(record.value, expected)))
         except DecodeError as exc:

@@ -4,7 +4,13 @@ Same semantics as the Kafka backend: topics with partitions and offsets, murmur2
 partitioning, consumer groups with committed offsets shared by several processes, rebalancing
 when members join or leave (a member that stops heart-beating for `session_timeout` is dropped),
 commits refused for partitions a member no longer owns, and transactions that write records and
-offsets in one SQLite transaction. Compacted topics keep only the newest record per key.
+offsets in one SQLite transaction. Compacted topics keep only the newest record per key, and a
+record with no value (a tombstone) deletes its key.
+
+Handover: a partition has at most one owner (the `owners` table). A member that should give a
+partition up runs its `on_revoke` callback (where it may still commit) and then releases it; the
+new owner claims it only once it is released or its owner has stopped heart-beating, and starts
+at the committed offset.
 
 Every producer and consumer holds its own connection; SQLite's file locking makes it safe for
 several processes at once.
@@ -47,7 +53,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics(name TEXT PRIMARY KEY, partitions INTEGER NOT NULL,
     compact INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS log(topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
-    key BLOB, value BLOB NOT NULL, ts REAL NOT NULL, headers BLOB,
+    key BLOB, value BLOB, ts REAL NOT NULL, headers BLOB,
     PRIMARY KEY(topic, partition, offset)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS log_key ON log(topic, partition, key);
 CREATE TABLE IF NOT EXISTS ends(topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
@@ -58,6 +64,8 @@ CREATE TABLE IF NOT EXISTS group_offsets(group_id TEXT NOT NULL, topic TEXT NOT 
 CREATE TABLE IF NOT EXISTS members(group_id TEXT NOT NULL, member_id TEXT NOT NULL, topics TEXT NOT NULL,
     heartbeat REAL NOT NULL, PRIMARY KEY(group_id, member_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS producer_epochs(transactional_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS owners(group_id TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+    member_id TEXT NOT NULL, PRIMARY KEY(group_id, topic, partition)) WITHOUT ROWID;
 """
 
 
@@ -95,7 +103,11 @@ class _Db:
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
-            self.conn.execute("COMMIT")
+            try:
+                self.conn.execute("COMMIT")
+            except sqlite3.Error:
+                self.conn.execute("ROLLBACK")
+                raise
 
     def read(self, sql: str, args: Sequence[object] = ()) -> list[Any]:
         with self.lock:
@@ -155,7 +167,7 @@ def _partitions(db: _Db, topic: str) -> int:
 class _EmbeddedProducer(Producer):
     def __init__(self, path: Path, transactional_id: str | None) -> None:
         self._db = _Db(path)
-        self._queue: list[tuple[str, bytes | None, bytes, bytes | None]] = []
+        self._queue: list[tuple[str, bytes | None, bytes | None, bytes | None]] = []
         self._round_robin = 0
         self._txn_id = transactional_id
         self._epoch = 0
@@ -172,11 +184,11 @@ class _EmbeddedProducer(Producer):
                 ).fetchone()[0]
 
     def produce(
-        self, topic: str, value: bytes, key: bytes | None = None, headers: Headers | None = None
+        self, topic: str, value: bytes | None, key: bytes | None = None, headers: Headers | None = None
     ) -> None:
         if self._txn_id is not None and not self._in_txn:
             raise BusError("transactional producer: call begin_transaction() before produce()")
-        self._queue.append((topic, key, bytes(value), _pack_headers(headers)))
+        self._queue.append((topic, key, None if value is None else bytes(value), _pack_headers(headers)))
 
     def _append(self, conn: sqlite3.Connection) -> list[RecordMetadata]:
         counts: dict[str, tuple[int, bool]] = {}
@@ -204,6 +216,9 @@ class _EmbeddedProducer(Producer):
                 conn.execute(
                     "DELETE FROM log WHERE topic=? AND partition=? AND key=?", (topic, partition, key)
                 )
+                if value is None:  # a tombstone: the key is gone
+                    out.append(RecordMetadata(topic, partition, offset))
+                    continue
             conn.execute(
                 "INSERT INTO log VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (topic, partition, offset, key, value, now, headers),
@@ -304,43 +319,83 @@ class _EmbeddedConsumer(Consumer):
             )
         self._last_beat = now
 
-    def _target_assignment(self, conn: sqlite3.Connection | None = None) -> list[TopicPartition]:
-        query = "SELECT member_id, topics FROM members WHERE group_id=? ORDER BY member_id"
-        args = (self.group_id,)
-        rows = conn.execute(query, args).fetchall() if conn else self._db.read(query, args)
+    def _target_assignment(self) -> list[TopicPartition]:
+        """This member's share: partition p of a topic goes to the (p mod n)-th live subscriber."""
+        rows = self._db.read(
+            "SELECT member_id, topics FROM members WHERE group_id=? ORDER BY member_id", (self.group_id,)
+        )
         out: list[TopicPartition] = []
         for topic in self._topics:
             members = [m for m, topics in rows if topic in topics.split(",")]
             if self.member_id not in members:
                 continue
             index = members.index(self.member_id)
-            count = (
-                conn.execute("SELECT partitions FROM topics WHERE name=?", (topic,)).fetchone()[0]
-                if conn
-                else _partitions(self._db, topic)
-            )
+            count = _partitions(self._db, topic)
             out.extend(TopicPartition(topic, p) for p in range(count) if p % len(members) == index)
         return out
 
     def _rebalance(self) -> None:
         target = self._target_assignment()
-        if target == self._assigned:
-            return
-        lost = [tp for tp in self._assigned if tp not in target]
-        gained = [tp for tp in target if tp not in self._assigned]
-        if lost and self._on_revoke:
-            self._on_revoke(lost)
-        for tp in lost:
+        # Partitions another member took while this one was silent are simply gone.
+        owned = self._owned()
+        vanished = [tp for tp in self._assigned if tp not in owned]
+        for tp in vanished:
             self._positions.pop(tp, None)
-        self._assigned = target
+        self._assigned = [tp for tp in self._assigned if tp in owned]
+        lost = [tp for tp in self._assigned if tp not in target]
+        if lost:
+            if self._on_revoke:
+                self._on_revoke(lost)  # still the owner here: commits are accepted
+            with self._db.write() as conn:
+                conn.executemany(
+                    "DELETE FROM owners WHERE group_id=? AND topic=? AND partition=? AND member_id=?",
+                    [(self.group_id, tp.topic, tp.partition, self.member_id) for tp in lost],
+                )
+            for tp in lost:
+                self._positions.pop(tp, None)
+            self._assigned = [tp for tp in self._assigned if tp not in lost]
+        wanted = [tp for tp in target if tp not in self._assigned]
+        gained = self._claim(wanted) if wanted else []
+        if not gained:
+            return
+        self._assigned = sorted(self._assigned + gained)
         committed = self.committed(gained)
         for tp in gained:
             start = committed[tp]
             if start is None:
                 start = 0 if self._reset == "earliest" else self._end(tp)
             self._positions[tp] = start
-        if gained and self._on_assign:
+        if self._on_assign:
             self._on_assign(gained)
+
+    def _owned(self) -> set[TopicPartition]:
+        rows = self._db.read(
+            "SELECT topic, partition FROM owners WHERE group_id=? AND member_id=?",
+            (self.group_id, self.member_id),
+        )
+        return {TopicPartition(t, p) for t, p in rows}
+
+    def _claim(self, wanted: list[TopicPartition]) -> list[TopicPartition]:
+        """Take the partitions whose owner released them or stopped heart-beating."""
+        claimed: list[TopicPartition] = []
+        with self._db.write() as conn:
+            alive = {
+                m for (m,) in conn.execute("SELECT member_id FROM members WHERE group_id=?", (self.group_id,))
+            }
+            for tp in wanted:
+                row = conn.execute(
+                    "SELECT member_id FROM owners WHERE group_id=? AND topic=? AND partition=?",
+                    (self.group_id, tp.topic, tp.partition),
+                ).fetchone()
+                if row is not None and row[0] != self.member_id and row[0] in alive:
+                    continue  # the previous owner has not handed it over yet
+                conn.execute(
+                    "INSERT INTO owners VALUES (?, ?, ?, ?) ON CONFLICT(group_id, topic, partition) "
+                    "DO UPDATE SET member_id=excluded.member_id",
+                    (self.group_id, tp.topic, tp.partition, self.member_id),
+                )
+                claimed.append(tp)
+        return claimed
 
     def _end(self, tp: TopicPartition) -> int:
         rows = self._db.read(
@@ -362,14 +417,17 @@ class _EmbeddedConsumer(Consumer):
             time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 
     def _read(self, max_records: int) -> list[Record]:
+        """Read fairly: every assigned partition gets a share of `max_records`."""
         out: list[Record] = []
-        for tp in self._assigned:
+        active = list(self._assigned)
+        share = max(1, -(-max_records // max(1, len(active))))
+        for tp in active:
             if len(out) >= max_records:
                 break
             rows = self._db.read(
                 "SELECT offset, key, value, ts, headers FROM log WHERE topic=? AND partition=? "
                 "AND offset>=? ORDER BY offset LIMIT ?",
-                (tp.topic, tp.partition, self._positions[tp], max_records - len(out)),
+                (tp.topic, tp.partition, self._positions[tp], min(share, max_records - len(out))),
             )
             for offset, key, value, ts, headers in rows:
                 out.append(Record(tp.topic, tp.partition, offset, key, value, ts, _unpack_headers(headers)))
@@ -379,7 +437,11 @@ class _EmbeddedConsumer(Consumer):
 
     # -- offsets ----------------------------------------------------------------------------
     def _commit_in(self, conn: sqlite3.Connection, offsets: Mapping[TopicPartition, int]) -> None:
-        owned = set(self._target_assignment(conn))
+        rows = conn.execute(
+            "SELECT topic, partition FROM owners WHERE group_id=? AND member_id=?",
+            (self.group_id, self.member_id),
+        ).fetchall()
+        owned = {TopicPartition(t, p) for t, p in rows}
         foreign = [tp for tp in offsets if tp not in owned]
         if foreign:
             raise CommitFailed(
@@ -415,6 +477,9 @@ class _EmbeddedConsumer(Consumer):
     def position(self, tp: TopicPartition) -> int | None:
         return self._positions.get(tp)
 
+    def end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self._end(tp) for tp in partitions}
+
     def assignment(self) -> list[TopicPartition]:
         return list(self._assigned)
 
@@ -439,6 +504,9 @@ class _EmbeddedConsumer(Consumer):
             with self._db.write() as conn:
                 conn.execute(
                     "DELETE FROM members WHERE group_id=? AND member_id=?", (self.group_id, self.member_id)
+                )
+                conn.execute(
+                    "DELETE FROM owners WHERE group_id=? AND member_id=?", (self.group_id, self.member_id)
                 )
         finally:
             self._db.close()

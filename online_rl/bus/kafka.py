@@ -83,9 +83,14 @@ class KafkaBus(Bus):
 
     def end_offsets(self, topic: str) -> dict[TopicPartition, int]:
         count = self.partitions(topic)
-        probe = ck.Consumer(
-            {"bootstrap.servers": self.bootstrap_servers, "group.id": "orl-probe", **self._extra}
-        )
+        # read_uncommitted: the high watermark, not the last stable offset. Right after a
+        # transaction commits, its markers may not be written yet and the LSO still lags.
+        probe = ck.Consumer({
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": "orl-probe",
+            "isolation.level": "read_uncommitted",
+            **self._extra,
+        })
         try:
             out = {}
             for p in range(count):
@@ -134,7 +139,7 @@ class _KafkaProducer(Producer):
             self._delivered.append(RecordMetadata(msg.topic(), msg.partition(), msg.offset()))
 
     def produce(
-        self, topic: str, value: bytes, key: bytes | None = None, headers: Headers | None = None
+        self, topic: str, value: bytes | None, key: bytes | None = None, headers: Headers | None = None
     ) -> None:
         while True:
             try:
@@ -156,9 +161,10 @@ class _KafkaProducer(Producer):
 
     def flush(self, timeout: float = 30.0) -> list[RecordMetadata]:
         remaining = self._p.flush(timeout)
-        queued, delivered, errors = self._take()
         if remaining:
+            # Their reports arrive later and are counted by the next flush.
             raise BusUnavailable(f"{remaining} records not confirmed by Kafka within {timeout}s")
+        queued, delivered, errors = self._take()
         if errors:
             raise DeliveryError(f"{len(errors)} records were not written: {errors[:3]}")
         if len(delivered) != queued and not self._transactional:
@@ -218,6 +224,7 @@ class _KafkaConsumer(Consumer):
             **extra,
         })
         self._assigned: list[TopicPartition] = []
+        self._generation = 0  # bumped on every assignment change
         self._lock = threading.RLock()
 
     def subscribe(
@@ -229,6 +236,7 @@ class _KafkaConsumer(Consumer):
         def assigned(_: Any, parts: list[ck.TopicPartition]) -> None:
             tps = [TopicPartition(p.topic, p.partition) for p in parts]
             self._assigned = sorted(set(self._assigned) | set(tps))
+            self._generation += 1
             if on_assign:
                 on_assign(tps)
 
@@ -237,6 +245,7 @@ class _KafkaConsumer(Consumer):
             if on_revoke:
                 on_revoke(tps)
             self._assigned = [tp for tp in self._assigned if tp not in tps]
+            self._generation += 1
 
         self._c.subscribe(list(topics), on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
@@ -294,26 +303,46 @@ class _KafkaConsumer(Consumer):
             got = self._c.position([_tp(tp)])[0]
         return got.offset if got.offset >= 0 else None
 
+    def end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        out = {}
+        with self._lock:
+            for tp in partitions:
+                # Cached from the last fetch response; ask the broker only when nothing is cached.
+                _, high = self._c.get_watermark_offsets(_tp(tp), cached=True)
+                if high < 0:
+                    _, high = self._c.get_watermark_offsets(_tp(tp), timeout=10)
+                out[tp] = int(high)
+        return out
+
     def assignment(self) -> list[TopicPartition]:
         return list(self._assigned)
 
     @contextmanager
     def hold(self) -> Iterator[None]:
+        """Pause the assigned partitions and keep polling from a background thread.
+
+        Rebalance callbacks that happen meanwhile run on that thread (under the consumer's lock).
+        If the assignment changed during the hold, positions are not restored: newly assigned
+        partitions start at their committed offsets."""
         stop = threading.Event()
+        failure: list[BaseException] = []
         with self._lock:
             parts = self._c.assignment()
             positions = self._c.position(parts) if parts else []
             if parts:
                 self._c.pause(parts)
+            generation = self._generation
 
         def keep_alive() -> None:
-            while not stop.is_set():
-                with self._lock:
-                    msg: Any = self._c.poll(0.2)
-                if msg is not None and msg.error() is None:
-                    # Paused partitions should yield nothing; if one slips through, rewind to it.
+            try:
+                while not stop.is_set():
                     with self._lock:
-                        self._c.seek(ck.TopicPartition(msg.topic(), msg.partition(), msg.offset()))
+                        msg: Any = self._c.poll(0.2)
+                        if msg is not None and msg.error() is None:
+                            # Paused partitions should yield nothing; if one slips through, rewind.
+                            self._c.seek(ck.TopicPartition(msg.topic(), msg.partition(), msg.offset()))
+            except BaseException as exc:  # surfaced when the hold ends
+                failure.append(exc)
 
         thread = threading.Thread(target=keep_alive, name="orl-kafka-hold", daemon=True)
         thread.start()
@@ -327,9 +356,12 @@ class _KafkaConsumer(Consumer):
                 back = [p for p in positions if (p.topic, p.partition) in current]
                 if back:
                     self._c.resume(back)
-                    for p in back:
-                        if p.offset >= 0:
-                            self._c.seek(p)
+                    if self._generation == generation:
+                        for p in back:
+                            if p.offset >= 0:
+                                self._c.seek(p)
+        if failure:
+            raise BusUnavailable(f"the consumer failed while holding a batch: {failure[0]}") from failure[0]
 
     def close(self) -> None:
         with self._lock:

@@ -44,15 +44,16 @@ def tail(
     bus = open_bus(settings)
     records = list(bus.read_all(topic))[-count:]
     for record in records:
+        value = record.value or b""
         text = None
         for kind in (Interaction, Feedback, TrainingSample):
             try:
-                text = decode(record.value, kind).model_dump_json()
+                text = decode(value, kind).model_dump_json()
                 break
             except DecodeError:
                 continue
         headers = {k: v.decode(errors="replace") for k, v in record.headers}
-        shown = text or repr(record.value[:200])
+        shown = text or ("(tombstone)" if record.value is None else repr(value[:200]))
         typer.echo(f"{record.topic}[{record.partition}]@{record.offset} {headers or ''} {shown}")
     bus.close()
 

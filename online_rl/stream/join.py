@@ -135,6 +135,9 @@ class JoinState:
             return []
         entry.interaction = interaction
         self._changed.add(interaction.request_id)
+        if interaction.created_at > entry.first_seen:  # feedback came first, with an earlier clock
+            entry.first_seen = interaction.created_at
+            self._track(interaction.request_id, entry)
         deadline = interaction.created_at + self.config.window_s
         heapq.heappush(self._deadlines, (deadline, interaction.request_id))
         out: list[TrainingSample] = []
@@ -180,9 +183,10 @@ class JoinState:
                 self._changed.add(request_id)
         while self._expiries and self._expiries[0][0] < now:
             _, request_id = heapq.heappop(self._expiries)
-            expired = self.entries.pop(request_id, None)
-            if expired is None:
-                continue
+            expired = self.entries.get(request_id)
+            if expired is None or now <= self._expiry(expired):
+                continue  # gone already, or re-tracked with a later expiry
+            del self.entries[request_id]
             if not expired.emitted:
                 self.stats["orphan_feedback" if expired.interaction is None else "expired"] += 1
             for pref in expired.preferences:
@@ -192,13 +196,13 @@ class JoinState:
         return out
 
     # -- changelog --------------------------------------------------------------------------
-    def drain_changes(self) -> dict[str, bytes]:
-        """Serialized state of every entry changed since the last call (b'' = deleted)."""
-        out = {rid: (self.entries[rid].dump() if rid in self.entries else b"") for rid in self._changed}
+    def drain_changes(self) -> dict[str, bytes | None]:
+        """Serialized state of every entry changed since the last call (None = deleted)."""
+        out = {rid: (self.entries[rid].dump() if rid in self.entries else None) for rid in self._changed}
         self._changed.clear()
         return out
 
-    def restore(self, changelog: dict[str, bytes]) -> None:
+    def restore(self, changelog: dict[str, bytes | None]) -> None:
         """Rebuild the state from the changelog's latest value per request id."""
         for request_id, data in changelog.items():
             if data:
@@ -222,9 +226,11 @@ class JoinState:
             self._track(request_id, entry)
         return entry
 
+    def _expiry(self, entry: _Entry) -> float:
+        return entry.first_seen + self.config.window_s + self.config.retention_s
+
     def _track(self, request_id: str, entry: _Entry) -> None:
-        expiry = entry.first_seen + self.config.window_s + self.config.retention_s
-        heapq.heappush(self._expiries, (expiry, request_id))
+        heapq.heappush(self._expiries, (self._expiry(entry), request_id))
 
     def _deadline(self, entry: _Entry) -> float | None:
         if entry.interaction is None:
@@ -246,7 +252,10 @@ class JoinState:
         entry.emitted = True
         interaction = entry.interaction
         assert interaction is not None
-        scored = entry.feedback
+        deadline = interaction.created_at + self.config.window_s
+        # Feedback read before its interaction could not be checked for lateness then.
+        scored = [f for f in entry.feedback if f.created_at <= deadline]
+        self.stats["late_feedback"] += len(entry.feedback) - len(scored)
         if scored:
             reward, defaulted = self._reward(scored), False
         elif self.config.default_reward is not None:

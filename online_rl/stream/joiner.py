@@ -47,14 +47,17 @@ class Joiner:
         self.state = JoinState(config)
         self._clock = clock
         self._watermark = 0.0
-        self._restore()
+        self._event_time: dict[TopicPartition, float] = {}  # newest event time per input partition
+        # The producer first: creating it fences a previous instance, so nothing can commit to the
+        # changelog between the restore below and this joiner's first transaction.
         self._producer = bus.producer(transactional_id=transactional_id)
+        self._restore()
         self._dead = DeadLetters(self._producer, "joiner", topics.dlq)
         self._consumer = bus.consumer(group_id)
         self._consumer.subscribe([topics.interactions, topics.feedback])
 
     def _restore(self) -> None:
-        latest: dict[str, bytes] = {}
+        latest: dict[str, bytes | None] = {}
         for record in self.bus.read_all(self.topics.join_state):
             if record.key is not None:
                 latest[record.key.decode()] = record.value
@@ -74,19 +77,17 @@ class Joiner:
                 (r for r in records if r.topic == self.topics.feedback), Feedback, self._dead
             )
             # Interactions first: feedback in the same batch then finds its interaction.
-            for _, interaction in interactions:
-                self._watermark = max(self._watermark, interaction.created_at)
+            for record, interaction in interactions:
+                self._saw(record.tp, interaction.created_at)
                 samples.extend(self.state.add_interaction(interaction))
-            for _, event in feedback:
-                self._watermark = max(self._watermark, event.created_at)
+            for record, event in feedback:
+                self._saw(record.tp, event.created_at)
                 samples.extend(self.state.add_feedback(event))
-            if not records and self.caught_up():  # only then may the wall clock close windows
-                self._watermark = max(self._watermark, self._clock())
-            samples.extend(self.state.advance(self._watermark))
+            samples.extend(self.state.advance(self._advance_watermark()))
             for sample in samples:
                 key = sample.completion.request_id if sample.completion else sample.sample_id
                 self._producer.produce(self.topics.samples, encode(sample), key.encode())
-            for request_id, data in self.state.drain_changes().items():
+            for request_id, data in self.state.drain_changes().items():  # None: forgotten
                 self._producer.produce(self.topics.join_state, data, request_id.encode())
             self._producer.commit_transaction(self._consumer.next_offsets(records), self._consumer)
         except BaseException:
@@ -98,25 +99,47 @@ class Joiner:
             raise
         return StepResult(len(records), len(samples))
 
-    def caught_up(self) -> bool:
-        """True when this joiner owns its inputs and has read everything written to them.
+    def _saw(self, tp: TopicPartition, event_time: float) -> None:
+        if event_time > self._event_time.get(tp, float("-inf")):
+            self._event_time[tp] = event_time
 
-        An empty poll alone is not enough: before the group assigns partitions (or while a fetch
-        is in flight) a poll is empty too, and closing windows then would drop feedback."""
+    def _lagging(self) -> tuple[list[TopicPartition], bool]:
+        """Input partitions with unread records, and whether this joiner owns every input partition."""
         assigned = self._consumer.assignment()
-        if not assigned:
-            return False
-        ends: dict[TopicPartition, int] = {}
-        for topic in (self.topics.interactions, self.topics.feedback):
-            ends.update(self.bus.end_offsets(topic))
-        committed = self._consumer.committed(assigned)
+        total = sum(self.bus.partitions(t) for t in (self.topics.interactions, self.topics.feedback))
+        ends = self._consumer.end_offsets(assigned)
+        unknown = [tp for tp in assigned if self._consumer.position(tp) is None]
+        committed = self._consumer.committed(unknown) if unknown else {}
+        lagging = []
         for tp in assigned:
             position = self._consumer.position(tp)
             if position is None:
                 position = committed.get(tp) or 0
-            if position < ends.get(tp, 0):
-                return False
-        return len(assigned) == len(ends)
+            if position < ends[tp]:
+                lagging.append(tp)
+        return lagging, bool(assigned) and len(assigned) == total
+
+    def _advance_watermark(self) -> float:
+        """Event time up to which every input has been read.
+
+        A partition with unread records holds the watermark at the newest event time read from it
+        (so feedback that is still unread cannot be declared late); partitions read to their end do
+        not hold it back. Once everything is read the wall clock may move it on, so windows close
+        when traffic stops."""
+        lagging, owns_all = self._lagging()
+        if lagging:
+            candidate = min(self._event_time.get(tp, float("-inf")) for tp in lagging)
+        elif owns_all:
+            candidate = max([self._clock(), *self._event_time.values()])
+        else:
+            candidate = max(self._event_time.values(), default=float("-inf"))
+        self._watermark = max(self._watermark, candidate)
+        return self._watermark
+
+    def caught_up(self) -> bool:
+        """True when this joiner owns every input partition and has read all of them."""
+        lagging, owns_all = self._lagging()
+        return owns_all and not lagging
 
     def _recover(self) -> None:
         """After an aborted step: rebuild the state and rewind the inputs to the committed offsets."""

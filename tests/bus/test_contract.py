@@ -121,6 +121,39 @@ def test_two_consumers_share_a_group_and_take_over_when_one_leaves(
     a.close()
 
 
+def test_work_committed_in_on_revoke_is_not_handed_out_again(make_bus: BusFactory, topic: str) -> None:
+    bus = make_bus(session_timeout=6.0)
+    bus.create_topic(topic, partitions=2)
+    producer = bus.producer()
+    for i in range(20):
+        producer.produce(topic, str(i).encode(), key=str(i).encode())
+    producer.flush()
+    group = _group()
+    a = bus.consumer(group)
+    processed: list[int] = []
+    done: dict[TopicPartition, int] = {}
+
+    def hand_back(partitions: list[TopicPartition]) -> None:
+        a.commit({tp: done[tp] for tp in partitions if tp in done})
+
+    a.subscribe([topic], on_revoke=hand_back)
+    for record in drain(a, 20):
+        processed.append(int(record.value or b""))
+        done[record.tp] = record.offset + 1
+    b = bus.consumer(group)
+    b.subscribe([topic])
+    again: list[int] = []
+    deadline = time.monotonic() + 30
+    while not b.assignment() and time.monotonic() < deadline:
+        a.poll(10, 0.2)
+        again.extend(int(r.value or b"") for r in b.poll(10, 0.2))
+    again.extend(int(r.value or b"") for r in b.poll(100, 1.0))
+    assert sorted(processed) == list(range(20))
+    assert again == [], "records committed in on_revoke were handed to the new owner again"
+    a.close()
+    b.close()
+
+
 def test_commit_for_a_partition_no_longer_owned_is_refused(make_bus: BusFactory, topic: str) -> None:
     bus = make_bus(session_timeout=6.0)
     bus.create_topic(topic, partitions=2)

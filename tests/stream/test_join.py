@@ -123,3 +123,22 @@ def test_bad_config_says_how_to_fix() -> None:
         JoinConfig(aggregation="median")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="window_s"):
         JoinConfig(window_s=0)
+
+
+def test_late_feedback_read_before_its_interaction_is_not_trained_on() -> None:
+    state = _state(default_reward=0.5)
+    state.add_feedback(thumbs("r1", up=True, created_at=150.0))  # 50 s after the request: late
+    state.add_interaction(interaction("r1", created_at=100.0))
+    (sample,) = state.advance(111.0)
+    assert sample.defaulted is True and sample.reward == 0.5
+    assert state.stats["late_feedback"] == 1
+
+
+def test_early_feedback_does_not_make_its_entry_expire_before_the_window() -> None:
+    state = _state()  # window 10 s, retention 30 s
+    state.add_feedback(thumbs("r1", up=True, created_at=100.0, event_id="early"))
+    state.add_interaction(interaction("r1", created_at=135.0))  # first_seen moves to 135
+    state.add_feedback(thumbs("r1", up=True, created_at=136.0, event_id="in-time"))
+    assert state.advance(141.0) == []  # 100 + 10 + 30 has passed, but the entry is younger now
+    (sample,) = state.advance(146.0)
+    assert sample.feedback_event_ids == ["early", "in-time"]  # skewed clocks: early still counts

@@ -71,3 +71,31 @@ def test_joiner_restart_mid_window_joins_everything_exactly_once(make_bus: BusFa
     assert sum(1 for s in samples if s.kind == "pair") == 1
     assert second.state.stats["duplicate_feedback"] == 1
     assert second.state.stats["late_feedback"] == 1
+
+
+def test_a_backlog_is_joined_without_declaring_unread_feedback_late(make_bus: BusFactory) -> None:
+    """Interactions are read before their feedback (small batches): windows must wait for it."""
+    bus = make_bus()
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
+    ensure_topics(bus, partitions=2, topics=topics)
+    producer = bus.producer()
+    for i in range(150):
+        producer.produce(topics.interactions, encode(interaction(f"b{i}", created_at=1000.0 + i)),
+                         f"b{i}".encode())
+    for i in range(150):
+        producer.produce(topics.feedback, encode(thumbs(f"b{i}", up=True, created_at=1002.0 + i)),
+                         f"b{i}".encode())
+    producer.flush()
+    config = JoinConfig(window_s=30.0, retention_s=60.0, default_reward=0.5)
+    joiner = Joiner(bus, config, transactional_id=f"backlog-{topics.prefix}", clock=lambda: 5000.0,
+                    topics=topics)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if joiner.step(max_records=40, timeout=0.3).consumed == 0 and joiner.caught_up():
+            joiner.step(timeout=0.1)
+            break
+    joiner.close()
+    samples = _samples(bus, topics)
+    assert len(samples) == 150
+    assert all(s.reward == 1.0 and not s.defaulted for s in samples)
+    assert joiner.state.stats["late_feedback"] == 0
