@@ -25,6 +25,7 @@ from online_rl.errors import ConfigError
 
 __all__ = [
     "BusConfig",
+    "FeedbackApiConfig",
     "JoinSettings",
     "KafkaConfig",
     "MlflowConfig",
@@ -107,6 +108,29 @@ class JoinSettings(BaseModel):
     retention_s: float = Field(default=600.0, gt=0, description="How long joined requests are kept.")
 
 
+class FeedbackApiConfig(BaseModel):
+    """The feedback REST API (services/feedback)."""
+
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8082, ge=1, le=65535)
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="SHA-256 hashes of the API keys allowed to post (`online-rl keys new`), each "
+        "optionally followed by scopes: '<hash> feedback'.",
+    )
+    api_keys_file: Path | None = Field(
+        default=None, description="A file of such hashes, one per line (e.g. a mounted Secret)."
+    )
+    rate_limit_per_s: float = Field(default=5000.0, gt=0, description="Events per second per API key.")
+    rate_burst: float = Field(default=10000.0, gt=0, description="Burst size per API key.")
+    user_cap: int = Field(default=120, ge=1, description="Events per user id per user_cap_window_s.")
+    user_cap_window_s: float = Field(default=60.0, gt=0)
+    max_batch: int = Field(default=500, ge=1, le=10_000, description="Events per batch request.")
+    max_body_bytes: int = Field(default=2_000_000, ge=1024, description="Largest request body.")
+    write_timeout_s: float = Field(default=5.0, gt=0, description="Wait this long for the bus.")
+    retry_after_s: int = Field(default=2, ge=1, description="Retry-After sent with 503 answers.")
+
+
 class MlflowConfig(BaseModel):
     """The MLflow tracking store and model registry."""
 
@@ -166,6 +190,7 @@ class Settings(BaseSettings):
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     bus: BusConfig = Field(default_factory=BusConfig)
     join: JoinSettings = Field(default_factory=JoinSettings)
+    feedback_api: FeedbackApiConfig = Field(default_factory=FeedbackApiConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 

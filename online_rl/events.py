@@ -252,7 +252,7 @@ def _pack_floats(body: dict[str, Any], pack: bool) -> None:
 def encode(event: _Event) -> bytes:
     """The wire bytes of an event."""
     body: dict[str, Any] = event.model_dump(mode="json", exclude_none=True)
-    body["type"] = _NAMES[type(event)]
+    body["type"] = next(_NAMES[cls] for cls in type(event).__mro__ if cls in _NAMES)
     _pack_floats(body, pack=True)
     return _WIRE_FORMAT + _encoder.encode(body)
 

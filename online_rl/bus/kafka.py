@@ -306,9 +306,13 @@ class _KafkaConsumer(Consumer):
     def end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         out = {}
         with self._lock:
-            for tp in partitions:
-                # Cached from the last fetch response; ask the broker only when nothing is cached.
-                _, high = self._c.get_watermark_offsets(_tp(tp), cached=True)
+            positions = self._c.position([_tp(tp) for tp in partitions]) if partitions else []
+            for tp, position in zip(partitions, positions, strict=True):
+                # Cached from the last fetch response, but only once this consumer has fetched;
+                # before that the cache says nothing, so ask the broker.
+                high = -1
+                if position.offset >= 0:
+                    _, high = self._c.get_watermark_offsets(_tp(tp), cached=True)
                 if high < 0:
                     _, high = self._c.get_watermark_offsets(_tp(tp), timeout=10)
                 out[tp] = int(high)

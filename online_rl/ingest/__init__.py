@@ -1,0 +1,20 @@
+"""Ingestion helpers shared by the HTTP services: API keys, rate limits, and the bus writer.
+
+Nothing here knows about HTTP; the services turn these results into status codes.
+"""
+
+from online_rl.ingest.auth import ApiKeyStore, KeyInfo, hash_key, new_key
+from online_rl.ingest.limits import RateLimited, TokenBuckets, UserCaps
+from online_rl.ingest.writer import AsyncBusWriter, RecentIds
+
+__all__ = [
+    "ApiKeyStore",
+    "AsyncBusWriter",
+    "KeyInfo",
+    "RateLimited",
+    "RecentIds",
+    "TokenBuckets",
+    "UserCaps",
+    "hash_key",
+    "new_key",
+]

@@ -1,0 +1,85 @@
+"""API keys, stored only as SHA-256 hashes (in the config or a mounted Secret file).
+
+An entry is `<sha256 hex>` (every scope) or `<sha256 hex> <scope>[,<scope>...]`. A raw key is
+shown once, when `online-rl keys new` makes it; only its hash is ever stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from online_rl.errors import ConfigError
+
+__all__ = ["ApiKeyStore", "KeyInfo", "hash_key", "new_key"]
+
+_ALL = "*"
+
+
+def hash_key(raw: str) -> str:
+    """The stored form of a raw API key."""
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def new_key() -> tuple[str, str]:
+    """A fresh raw key (shown to the user once) and its hash (to store)."""
+    raw = "orl_" + secrets.token_urlsafe(32)
+    return raw, hash_key(raw)
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """Who a verified key is: a short id (hash prefix, safe to log) and its scopes."""
+
+    key_id: str
+    scopes: frozenset[str]
+
+    def allows(self, scope: str) -> bool:
+        return _ALL in self.scopes or scope in self.scopes
+
+
+class ApiKeyStore:
+    """Verifies raw keys against stored hashes."""
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        self._keys: dict[str, KeyInfo] = {}
+        for number, entry in enumerate(entries, 1):
+            line = entry.split("#", 1)[0].strip()
+            if not line:
+                continue
+            digest, _, scopes = line.partition(" ")
+            digest = digest.lower()
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ConfigError(
+                    f"API key entry {number} is not a SHA-256 hex digest; store hashes, not keys "
+                    "(`online-rl keys new` prints both)"
+                )
+            names = frozenset(s.strip() for s in scopes.split(",") if s.strip()) or frozenset({_ALL})
+            self._keys[digest] = KeyInfo(digest[:8], names)
+
+    @classmethod
+    def from_sources(cls, hashes: Iterable[str], file: Path | None) -> ApiKeyStore:
+        entries = list(hashes)
+        if file is not None:
+            try:
+                entries.extend(file.read_text().splitlines())
+            except OSError as exc:
+                raise ConfigError(f"cannot read the API key file {file}: {exc.strerror}") from exc
+        return cls(entries)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def verify(self, raw: str | None) -> KeyInfo | None:
+        """The key's info, or None when it is missing or unknown."""
+        if not raw:
+            return None
+        digest = hash_key(raw)
+        for stored, info in self._keys.items():
+            if hmac.compare_digest(stored, digest):
+                return info
+        return None

@@ -1,0 +1,1 @@
+"""Routes of the feedback API, one module per resource."""

@@ -1,0 +1,47 @@
+"""POST /v1/feedback and /v1/feedback/batch."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+
+from services.feedback.deps import IngestDep, WriterKeyDep
+from services.feedback.errors import ApiError
+from services.feedback.schemas import Accepted, BatchAccepted, ErrorBody, FeedbackBatchIn, FeedbackIn
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["feedback"])
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorBody, "description": "Missing or unknown API key."},
+    403: {"model": ErrorBody, "description": "The API key may not post feedback."},
+    413: {"model": ErrorBody, "description": "The body is larger than the configured limit."},
+    422: {"model": ErrorBody, "description": "Invalid body; `details` names each field and the fix."},
+    429: {"model": ErrorBody, "description": "Rate limit or per-user cap reached; see Retry-After."},
+    503: {"model": ErrorBody, "description": "The bus did not confirm; retry after Retry-After."},
+}
+
+
+@router.post("/feedback", status_code=202, response_model=Accepted, responses=_ERRORS)
+async def post_feedback(event: FeedbackIn, key: WriterKeyDep, service: IngestDep) -> Accepted:
+    """Record one feedback event. Answers 202 only once the event is durably on the bus."""
+    start = time.perf_counter()
+    outcome = await service.accept([event], key)
+    service.metrics.latency.labels("feedback").observe(time.perf_counter() - start)
+    return Accepted(event_id=event.event_id, request_id=event.request_id, duplicate=bool(outcome.duplicates))
+
+
+@router.post("/feedback/batch", status_code=202, response_model=BatchAccepted, responses=_ERRORS)
+async def post_feedback_batch(batch: FeedbackBatchIn, key: WriterKeyDep, service: IngestDep) -> BatchAccepted:
+    """Record several feedback events at once; all or none are written."""
+    limit = service.settings.feedback_api.max_batch
+    if len(batch.events) > limit:
+        raise ApiError(422, "validation_error", f"events: {len(batch.events)} events in one batch",
+                       fix=f"send at most {limit} events per batch")
+    start = time.perf_counter()
+    outcome = await service.accept(batch.events, key)
+    service.metrics.latency.labels("batch").observe(time.perf_counter() - start)
+    return BatchAccepted(accepted=len(outcome.accepted), duplicates=len(outcome.duplicates),
+                         event_ids=[e.event_id for e in batch.events])

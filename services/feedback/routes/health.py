@@ -1,0 +1,40 @@
+"""GET /healthz, /readyz, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.feedback.deps import IngestDep
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"description": "The bus does not accept writes."}})
+async def readyz(service: IngestDep) -> JSONResponse:
+    """Ready only while the bus answers and the last write (if any) did not fail."""
+    try:
+        await asyncio.wait_for(asyncio.to_thread(service.bus.partitions, service.topics.feedback), 3.0)
+    except Exception as exc:  # any failure to reach the bus means not ready
+        return JSONResponse(status_code=503, content={"status": "unavailable", "reason": str(exc)[:300]})
+    if service.writer.last_error is not None:
+        return JSONResponse(status_code=503,
+                            content={"status": "unavailable", "reason": service.writer.last_error[:300]})
+    return JSONResponse(content={"status": "ready"})
+
+
+@router.get("/metrics")
+async def metrics(service: IngestDep) -> Response:
+    """Prometheus metrics."""
+    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
