@@ -71,3 +71,21 @@ def test_join_command_turns_feedback_into_samples_and_stops_cleanly(tmp_path: Pa
 
     shown = _cli("bus", "tail", SAMPLES, **env)
     assert shown.returncode == 0 and '"sample_id":"s-req-1"' in shown.stdout
+
+
+def test_keys_new_prints_a_key_and_its_hash() -> None:
+    from online_rl.ingest import ApiKeyStore
+
+    result = _cli("keys", "new", "--scopes", "feedback")
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(":", 1) for line in result.stdout.strip().splitlines())
+    key, entry = lines["key"].strip(), lines["entry"].strip()
+    info = ApiKeyStore([entry]).verify(key)
+    assert info is not None and info.allows("feedback") and not info.allows("admin")
+    assert key not in entry
+
+
+def test_serve_feedback_refuses_to_start_without_keys(tmp_path: Path) -> None:
+    result = _cli("serve", "feedback", ORL_CACHE_DIR=str(tmp_path), ORL_KAFKA__BOOTSTRAP_SERVERS="")
+    assert result.returncode == 2
+    assert "online-rl keys new" in result.stderr and "Traceback" not in result.stderr

