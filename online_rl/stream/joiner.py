@@ -55,6 +55,7 @@ class Joiner:
         self._dead = DeadLetters(self._producer, "joiner", topics.dlq)
         self._consumer = bus.consumer(group_id)
         self._consumer.subscribe([topics.interactions, topics.feedback])
+        self._input_partitions = sum(bus.partitions(t) for t in (topics.interactions, topics.feedback))
 
     def _restore(self) -> None:
         latest: dict[str, bytes | None] = {}
@@ -83,7 +84,7 @@ class Joiner:
             for record, event in feedback:
                 self._saw(record.tp, event.created_at)
                 samples.extend(self.state.add_feedback(event))
-            samples.extend(self.state.advance(self._advance_watermark()))
+            samples.extend(self.state.advance(self._advance_watermark(full=len(records) >= max_records)))
             for sample in samples:
                 key = sample.completion.request_id if sample.completion else sample.sample_id
                 self._producer.produce(self.topics.samples, encode(sample), key.encode())
@@ -106,7 +107,7 @@ class Joiner:
     def _lagging(self) -> tuple[list[TopicPartition], bool]:
         """Input partitions with unread records, and whether this joiner owns every input partition."""
         assigned = self._consumer.assignment()
-        total = sum(self.bus.partitions(t) for t in (self.topics.interactions, self.topics.feedback))
+        total = self._input_partitions
         ends = self._consumer.end_offsets(assigned)
         unknown = [tp for tp in assigned if self._consumer.position(tp) is None]
         committed = self._consumer.committed(unknown) if unknown else {}
@@ -119,14 +120,18 @@ class Joiner:
                 lagging.append(tp)
         return lagging, bool(assigned) and len(assigned) == total
 
-    def _advance_watermark(self) -> float:
+    def _advance_watermark(self, full: bool) -> float:
         """Event time up to which every input has been read.
 
         A partition with unread records holds the watermark at the newest event time read from it
         (so feedback that is still unread cannot be declared late); partitions read to their end do
         not hold it back. Once everything is read the wall clock may move it on, so windows close
-        when traffic stops."""
-        lagging, owns_all = self._lagging()
+        when traffic stops. After a full batch every partition counts as lagging (cheap, and
+        conservative: no end offsets are looked up while a backlog is being read)."""
+        if full:
+            lagging, owns_all = self._consumer.assignment(), False
+        else:
+            lagging, owns_all = self._lagging()
         if lagging:
             candidate = min(self._event_time.get(tp, float("-inf")) for tp in lagging)
         elif owns_all:
