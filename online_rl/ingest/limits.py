@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from online_rl.errors import OnlineRLError
 
-__all__ = ["RateLimited", "TokenBuckets", "UserCaps"]
+__all__ = ["OverLimit", "RateLimited", "TokenBuckets", "UserCaps"]
 
 
 class RateLimited(OnlineRLError):
@@ -22,6 +22,10 @@ class RateLimited(OnlineRLError):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class OverLimit(OnlineRLError):
+    """A request that no amount of waiting would let through (larger than a limit)."""
 
 
 @dataclass
@@ -44,7 +48,7 @@ class TokenBuckets:
         bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.stamp) * self.rate)
         bucket.stamp = now
         if count > self.burst:
-            raise RateLimited(f"a request of {count} events exceeds the burst limit {self.burst:.0f}", 1.0)
+            raise OverLimit(f"a request of {count} events exceeds the burst limit of {self.burst:.0f}")
         if bucket.tokens < count:
             wait = (count - bucket.tokens) / self.rate
             raise RateLimited(f"rate limit of {self.rate:g} events/s for this API key reached", wait)
@@ -57,11 +61,20 @@ class UserCaps:
     def __init__(self, per_window: int, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.per_window, self.window_s, self._clock = per_window, window_s, clock
         self._seen: dict[str, deque[float]] = {}
+        self._reserved = 0
 
-    def check(self, counts: dict[str, int]) -> None:
-        """Raise `RateLimited` if accepting `counts` (user id -> events) would pass a cap."""
+    def reserve(self, counts: dict[str, int]) -> None:
+        """Count `counts` (user id -> events) against the caps, or raise without counting any.
+
+        Check and count happen together, so concurrent requests cannot both slip under a cap;
+        `release` gives the reservation back when the write then fails."""
         now = self._clock()
         for user, count in counts.items():
+            if count > self.per_window:
+                raise OverLimit(
+                    f"{count} events for user {user!r} in one request exceed the cap of {self.per_window} "
+                    f"per {self.window_s:g}s"
+                )
             times = self._seen.get(user)
             if times is not None:
                 while times and times[0] <= now - self.window_s:
@@ -74,11 +87,17 @@ class UserCaps:
                     f"{self.window_s:g}s (so that no single user dominates training)",
                     max(wait, 0.1),
                 )
-
-    def record(self, counts: dict[str, int]) -> None:
-        now = self._clock()
         for user, count in counts.items():
             self._seen.setdefault(user, deque()).extend([now] * count)
-        if len(self._seen) > 10_000:  # forget users whose window has passed
+        self._reserved += 1
+        if self._reserved % 10_000 == 0:  # now and then, forget users whose window has passed
             horizon = now - self.window_s
             self._seen = {u: t for u, t in self._seen.items() if t and t[-1] > horizon}
+
+    def release(self, counts: dict[str, int]) -> None:
+        """Give back a reservation (the newest entries of each user)."""
+        for user, count in counts.items():
+            times = self._seen.get(user)
+            for _ in range(min(count, len(times) if times else 0)):
+                assert times is not None
+                times.pop()

@@ -10,15 +10,16 @@ retry with the same event ids, which the join de-duplicates).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from online_rl.bus import Bus, BusError, BusUnavailable, Producer
+from online_rl.bus import Bus, BusUnavailable, Producer
 
 __all__ = ["AsyncBusWriter", "OutRecord", "RecentIds"]
 
@@ -37,6 +38,8 @@ class _Job:
     records: Sequence[OutRecord]
     future: asyncio.Future[None]
     loop: asyncio.AbstractEventLoop
+    on_confirmed: Callable[[], None] | None = None
+    abandoned: bool = False  # the handler gave up waiting: do not start it any more
 
 
 class AsyncBusWriter:
@@ -53,15 +56,28 @@ class AsyncBusWriter:
         self.last_ok = 0.0
         self._thread.start()
 
-    async def write(self, records: Sequence[OutRecord]) -> None:
-        """Return once `records` are confirmed; raises `BusUnavailable` otherwise."""
+    async def write(
+        self, records: Sequence[OutRecord], on_confirmed: Callable[[], None] | None = None
+    ) -> None:
+        """Return once `records` are confirmed; raises `BusUnavailable` otherwise.
+
+        `on_confirmed` runs in the writer thread whenever the records are confirmed, even after
+        this call gave up waiting (a late confirmation still counts, e.g. for de-duplication)."""
+        if not self._thread.is_alive():
+            raise BusUnavailable("the bus writer has stopped; restart the service")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._jobs.put(_Job(records, future, loop))
+        job = _Job(records, future, loop, on_confirmed)
+        self._jobs.put(job)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self._timeout + 1.0)
+            await asyncio.wait_for(asyncio.shield(future), self._timeout + 1.0)
         except TimeoutError as exc:
+            job.abandoned = True
             raise BusUnavailable(f"the bus did not confirm the write within {self._timeout:g}s") from exc
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _take_batch(self, first: _Job) -> list[_Job]:
         jobs, count = [first], len(first.records)
@@ -82,49 +98,64 @@ class AsyncBusWriter:
             first = self._jobs.get()
             if first is None:
                 return
-            jobs = self._take_batch(first)
+            jobs = [job for job in self._take_batch(first) if not job.abandoned]
+            if not jobs:
+                continue
             try:
                 for job in jobs:
                     for record in job.records:
                         self._producer.produce(record.topic, record.value, record.key)
                 self._producer.flush(self._timeout)
-            except BusError as exc:
-                self.last_error = str(exc)
+            except Exception as exc:  # any failure fails these requests, never the thread
+                self.last_error = str(exc) or type(exc).__name__
                 logger.warning("bus write failed for %d requests: %s", len(jobs), exc)
                 for job in jobs:
-                    job.loop.call_soon_threadsafe(_fail, job.future, exc)
+                    _resolve(job, exc)
                 continue
             self.last_ok, self.last_error = time.monotonic(), None
             for job in jobs:
-                job.loop.call_soon_threadsafe(_succeed, job.future)
+                if job.on_confirmed is not None:
+                    job.on_confirmed()
+                _resolve(job, None)
 
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=self._timeout + 5)
-        self._producer.close()
+        if not self._thread.is_alive():  # never close the producer under a running flush
+            self._producer.close()
 
 
-def _succeed(future: asyncio.Future[None]) -> None:
-    if not future.done():
+def _resolve(job: _Job, error: BaseException | None) -> None:
+    with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is waiting any more
+        job.loop.call_soon_threadsafe(_settle, job.future, error)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
         future.set_result(None)
-
-
-def _fail(future: asyncio.Future[None], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(BusUnavailable(f"the bus did not confirm the write: {exc}"))
+    else:
+        future.set_exception(BusUnavailable(f"the bus did not confirm the write: {error}"))
 
 
 class RecentIds:
-    """The most recent confirmed event ids (bounded), to answer retries without writing again."""
+    """The most recent confirmed event ids (bounded), to answer retries without writing again.
+
+    Filled from the writer thread, read from the event loop: guarded by a lock."""
 
     def __init__(self, capacity: int = 200_000) -> None:
         self._ids: OrderedDict[str, None] = OrderedDict()
         self._capacity = capacity
+        self._lock = threading.Lock()
 
     def __contains__(self, event_id: object) -> bool:
-        return event_id in self._ids
+        with self._lock:
+            return event_id in self._ids
 
-    def add(self, event_id: str) -> None:
-        self._ids[event_id] = None
-        if len(self._ids) > self._capacity:
-            self._ids.popitem(last=False)
+    def add_all(self, event_ids: Sequence[str]) -> None:
+        with self._lock:
+            for event_id in event_ids:
+                self._ids[event_id] = None
+            while len(self._ids) > self._capacity:
+                self._ids.popitem(last=False)

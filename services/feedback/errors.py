@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -10,9 +11,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from online_rl.bus import BusError
-from online_rl.ingest import RateLimited
+from online_rl.ingest import OverLimit, RateLimited
 
 __all__ = ["ApiError", "install_error_handlers"]
+
+logger = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -91,17 +94,33 @@ def install_error_handlers(app: FastAPI) -> None:
         service = request.app.state.service
         service.metrics.rejected.labels("bus_unavailable").inc()
         retry = str(service.settings.feedback_api.retry_after_s)
+        message = f"the event bus did not confirm the write ({exc})"
         return JSONResponse(status_code=503, headers={"Retry-After": retry},
-                            content=_body("bus_unavailable",
-                                          f"the event bus did not confirm the write ({exc}); retry "
-                                          "with the same event ids (a repeat is counted once)"))
+                            content=_body("bus_unavailable", message, [{
+                                "field": "", "message": message,
+                                "fix": f"retry after {retry}s with the same event ids "
+                                       "(a repeat is counted once)"}]))
+
+    async def on_over_limit(request: Request, exc: Exception) -> JSONResponse:
+        request.app.state.service.metrics.rejected.labels("over_limit").inc()
+        return JSONResponse(status_code=422, content=_body("validation_error", str(exc), [
+            {"field": "events", "message": str(exc), "fix": "split the events over several requests"}]))
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected error on %s", request.url.path)
+        return JSONResponse(status_code=500,
+                            content=_body("internal_error", "unexpected error; see the logs"))
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         message = str(exc.detail)
-        fix = "send a UTF-8 JSON body" if exc.status_code == 400 else "see the API reference at /docs"
+        kind, fix = "http_error", "see the API reference at /docs"
+        if exc.status_code == 400:
+            fix = "send a UTF-8 JSON body"
+        elif exc.status_code == 413:
+            kind, fix = "payload_too_large", "send fewer events per request"
         return JSONResponse(status_code=exc.status_code, headers=exc.headers,
-                            content=_body("http_error", message,
+                            content=_body(kind, message,
                                           [{"field": "(body)", "message": message, "fix": fix}]))
 
     app.add_exception_handler(StarletteHTTPException, on_http_error)
@@ -109,3 +128,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RateLimited, on_rate_limited)
     app.add_exception_handler(BusError, on_bus_error)
+    app.add_exception_handler(OverLimit, on_over_limit)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -6,11 +6,12 @@ writer in the library.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 
 from online_rl import __version__
 from online_rl.bus import Bus, ensure_topics, open_bus
@@ -50,13 +51,11 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                raise _TooLarge
+                # Raised while FastAPI reads the body: it passes HTTPExceptions on to the handlers.
+                raise HTTPException(413, f"the body is larger than {self.limit} bytes")
             return message
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._refuse(send)
+        await self.app(scope, counted, send)
 
     async def _refuse(self, send: Send) -> None:
         import json
@@ -69,10 +68,6 @@ class BodyLimit:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
@@ -89,7 +84,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        service.close()
+        await asyncio.to_thread(service.close)  # waits for the writer without blocking the loop
 
     app = FastAPI(
         title="online-rl feedback API",

@@ -5,6 +5,7 @@ Built once per app in `create_app`; routes reach it through `deps.IngestDep`.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,34 +57,60 @@ class FeedbackService:
         self.caps = UserCaps(api.user_cap, api.user_cap_window_s)
         self.writer = AsyncBusWriter(bus, timeout_s=api.write_timeout_s)
         self.recent = RecentIds()
+        self._in_flight: dict[str, asyncio.Future[None]] = {}
         self.metrics = Metrics()
 
     async def accept(self, events: Sequence[Feedback], key: KeyInfo) -> Outcome:
         """Write the new events; acknowledge repeats without writing them again.
 
-        Raises `RateLimited` (nothing written) or `BusUnavailable` (the client should retry)."""
+        Raises `RateLimited` or `OverLimit` (nothing written) or `BusUnavailable` (retry)."""
         fresh: dict[str, Feedback] = {}
         duplicates: list[str] = []
+        waits: list[asyncio.Future[None]] = []
         for event in events:
             if event.event_id in self.recent or event.event_id in fresh:
                 duplicates.append(event.event_id)
+            elif event.event_id in self._in_flight:  # the same id is being written right now
+                duplicates.append(event.event_id)
+                waits.append(self._in_flight[event.event_id])
             else:
                 fresh[event.event_id] = event
-        per_user = Counter(e.user_id for e in fresh.values())
         if fresh:
-            self.caps.check(per_user)
-            self.buckets.take(key.key_id, len(fresh))
-            topic = self.topics.feedback
-            await self.writer.write(
-                [OutRecord(topic, e.request_id.encode(), encode(e)) for e in fresh.values()]
-            )
-            self.caps.record(per_user)
-            for event in fresh.values():
-                self.recent.add(event.event_id)
-                self.metrics.accepted.labels(event.kind.value).inc()
+            await self._write(fresh, key)
+        for wait in waits:  # a repeat is acknowledged only once the original is
+            await asyncio.shield(wait)
         if duplicates:
             self.metrics.duplicates.inc(len(duplicates))
         return Outcome(list(fresh), duplicates)
+
+    async def _write(self, fresh: dict[str, Feedback], key: KeyInfo) -> None:
+        per_user = dict(Counter(e.user_id for e in fresh.values()))
+        self.caps.reserve(per_user)
+        try:
+            self.buckets.take(key.key_id, len(fresh))
+        except Exception:
+            self.caps.release(per_user)
+            raise
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for event_id in fresh:
+            self._in_flight[event_id] = done
+        ids = list(fresh)
+        try:
+            topic = self.topics.feedback
+            records = [OutRecord(topic, e.request_id.encode(), encode(e)) for e in fresh.values()]
+            await self.writer.write(records, on_confirmed=lambda: self.recent.add_all(ids))
+        except BaseException as exc:
+            self.caps.release(per_user)
+            done.set_exception(exc)
+            done.exception()  # retrieved: waiters re-raise it, nobody else needs to
+            raise
+        else:
+            done.set_result(None)
+        finally:
+            for event_id in ids:
+                self._in_flight.pop(event_id, None)
+        for event in fresh.values():
+            self.metrics.accepted.labels(event.kind.value).inc()
 
     def close(self) -> None:
         self.writer.close()

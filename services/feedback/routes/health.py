@@ -28,6 +28,9 @@ async def readyz(service: IngestDep) -> JSONResponse:
         await asyncio.wait_for(asyncio.to_thread(service.bus.partitions, service.topics.feedback), 3.0)
     except Exception as exc:  # any failure to reach the bus means not ready
         return JSONResponse(status_code=503, content={"status": "unavailable", "reason": str(exc)[:300]})
+    if not service.writer.alive:
+        return JSONResponse(status_code=503,
+                            content={"status": "unavailable", "reason": "bus writer stopped"})
     if service.writer.last_error is not None:
         return JSONResponse(status_code=503,
                             content={"status": "unavailable", "reason": service.writer.last_error[:300]})

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from online_rl.bus import Bus, Topics
@@ -68,7 +69,8 @@ def test_broker_stopped_mid_load_gives_503_and_loses_nothing_that_got_202(
         events = [thumbs_body(f"after-{i}") for i in range(20)]
         assert client.send_many(events) == 20
         acknowledged += [e["event_id"] for e in events]
-    assert api.client.get("/readyz").status_code == 200
+        ready = httpx.get(url + "/readyz", timeout=10)
+        assert ready.status_code == 200, ready.text
 
     on_topic = {e.event_id for e in api.feedback_on_bus()}
     missing = set(acknowledged) - on_topic

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 
 from online_rl.events import FeedbackKind
-from tests.services.feedback.conftest import Api, thumbs_body
+from tests.services.feedback.conftest import Api, serve, thumbs_body
 
 
 def test_thumbs_is_accepted_and_on_the_topic(api: Api) -> None:
@@ -140,3 +143,38 @@ def test_openapi_documents_the_kinds_with_examples(api: Api) -> None:
     assert "/v1/feedback" in schema["paths"] and "/v1/feedback/batch" in schema["paths"]
     examples = schema["components"]["schemas"]["FeedbackIn"]["examples"]
     assert {e["kind"] for e in examples} == {"thumbs", "rating", "preference", "implicit"}
+
+
+def test_a_streamed_body_over_the_limit_is_413(make_api: Callable[..., Api]) -> None:
+    api = make_api(max_body_bytes=4096)
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is enforced while reading
+        body = json.dumps({**thumbs_body(), "comment": "x" * 6000}).encode()
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    response = api.client.post("/v1/feedback", content=chunks(),
+                               headers={**api.auth(), "content-type": "application/json"})
+    assert response.status_code == 413
+    assert response.json()["type"] == "payload_too_large"
+    assert api.feedback_on_bus() == []
+
+
+def test_a_request_larger_than_a_limit_is_422_not_429(make_api: Callable[..., Api]) -> None:
+    api = make_api(user_cap=2, max_batch=10)
+    events = [thumbs_body(f"r{i}", user="same") for i in range(3)]
+    response = api.client.post("/v1/feedback/batch", json={"events": events}, headers=api.auth())
+    assert response.status_code == 422
+    assert "exceed the cap of 2" in response.json()["message"]
+    assert api.feedback_on_bus() == []
+
+
+def test_the_same_event_posted_concurrently_is_written_once(api: Api) -> None:
+    body = thumbs_body("req-c")
+    with serve(api.app) as url, ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(
+            lambda _: httpx.post(url + "/v1/feedback", json=body, headers=api.auth(), timeout=30),
+            range(8)))
+    assert [a.status_code for a in answers] == [202] * 8
+    assert sum(not a.json()["duplicate"] for a in answers) == 1
+    assert len(api.feedback_on_bus()) == 1

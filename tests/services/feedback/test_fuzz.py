@@ -43,7 +43,7 @@ def test_no_generated_request_makes_the_api_fail(tmp_path: Path) -> None:
 
 def _fuzz(strategy: SearchStrategy[schemathesis.Case], key: str, seen: set[int]) -> None:
     @given(case=strategy)
-    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     def call(case: schemathesis.Case) -> None:
         response = case.call(headers={"Authorization": f"Bearer {key}"})
         seen.add(response.status_code)
