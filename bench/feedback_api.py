@@ -6,7 +6,8 @@ The service runs in its own process (`online-rl serve feedback`, uvicorn, one wo
 Kafka broker; a separate load process (aiohttp) posts thumbs events at several concurrency levels,
 then batches of 100 on the batch endpoint. The baseline is a raw confluent-kafka producer writing
 the same encoded events with acks=all in the same run. The last line is JSON: events_per_s, p50_ms,
-p99_ms (single endpoint at the best concurrency), batch_events_per_s, and the rest.
+p99_ms (single endpoint at the best concurrency: the highest throughput with p99 under 50 ms),
+batch_events_per_s, and every level.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def raw_producer(bootstrap: str, topic: str, n: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--concurrency", default="1,8,16,24,32,64")
     parser.add_argument("--bootstrap", default=None)
     args = parser.parse_args()
     key, digest = new_key()
@@ -150,7 +151,10 @@ def main() -> None:
             server.wait(30)
         raw = raw_producer(bootstrap, f"{prefix}.feedback", 50_000)
         print(f"raw producer (same events, acks=all): {raw:,.0f} ev/s")
-    best = max(singles, key=lambda s: s["events_per_s"])
+    # The best concurrency: the highest throughput whose p99 stays under the 50 ms target (or, if
+    # none does, the highest throughput).
+    within = [s for s in singles if s["p99_ms"] < 50.0] or singles
+    best = max(within, key=lambda s: s["events_per_s"])
     emit({
         "events_per_s": round(best["events_per_s"]),
         "p50_ms": round(best["p50_ms"], 2),

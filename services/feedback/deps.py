@@ -10,7 +10,7 @@ from online_rl.ingest import KeyInfo
 from services.feedback.errors import ApiError
 from services.feedback.service import FeedbackService
 
-__all__ = ["IngestDep", "WriterKeyDep"]
+__all__ = ["IngestDep", "WriterKeyDep", "authenticate"]
 
 WRITE_SCOPE = "feedback"
 
@@ -29,6 +29,11 @@ async def require_writer(
     x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> KeyInfo:
     """The caller's API key, from `Authorization: Bearer <key>` or `X-API-Key`."""
+    return authenticate(service, authorization, x_api_key)
+
+
+def authenticate(service: FeedbackService, authorization: str | None, x_api_key: str | None) -> KeyInfo:
+    """Verify the key and its write scope, or raise the 401/403 `ApiError`."""
     raw = x_api_key
     if authorization and authorization.lower().startswith("bearer "):
         raw = authorization[7:].strip()

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
-from services.feedback.deps import IngestDep, WriterKeyDep
+from services.feedback.deps import IngestDep, WriterKeyDep, authenticate
 from services.feedback.errors import ApiError
 from services.feedback.schemas import Accepted, BatchAccepted, ErrorBody, FeedbackBatchIn, FeedbackIn
+from services.feedback.service import FeedbackService
 
 __all__ = ["router"]
 
@@ -24,13 +28,31 @@ _ERRORS: dict[int | str, dict[str, object]] = {
 }
 
 
-@router.post("/feedback", status_code=202, response_model=Accepted, responses=_ERRORS)
-async def post_feedback(event: FeedbackIn, key: WriterKeyDep, service: IngestDep) -> Accepted:
+@router.post(
+    "/feedback",
+    status_code=202,
+    response_model=Accepted,
+    responses=_ERRORS,
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/FeedbackIn"}}}}},
+)
+async def post_feedback(request: Request) -> Response:
     """Record one feedback event. Answers 202 only once the event is durably on the bus."""
+    # The hot path, written out by hand: FastAPI's body and dependency machinery cost about 0.2 ms
+    # per request here, ten times the validation itself. Same checks, same errors.
+    service: FeedbackService = request.app.state.service
+    key = authenticate(service, request.headers.get("authorization"), request.headers.get("x-api-key"))
     start = time.perf_counter()
+    try:
+        event = FeedbackIn.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from exc
     outcome = await service.accept([event], key)
     service.metrics.latency.labels("feedback").observe(time.perf_counter() - start)
-    return Accepted(event_id=event.event_id, request_id=event.request_id, duplicate=bool(outcome.duplicates))
+    body = {"event_id": event.event_id, "request_id": event.request_id, "duplicate": bool(outcome.duplicates)}
+    return Response(json.dumps(body), status_code=202, media_type="application/json")
 
 
 @router.post("/feedback/batch", status_code=202, response_model=BatchAccepted, responses=_ERRORS)
