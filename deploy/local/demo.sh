@@ -54,7 +54,10 @@ for _ in range(100):  # wait for the feedback API
         if httpx.get("http://127.0.0.1:8082/readyz", timeout=2).status_code == 200:
             break
     except httpx.HTTPError:
-        time.sleep(0.3)
+        pass
+    time.sleep(0.3)
+else:
+    raise SystemExit("the feedback API did not become ready on 127.0.0.1:8082 (is the port taken?)")
 bus = open_bus(load_settings())
 rid = f"demo-{uuid.uuid4().hex[:8]}"
 bus.producer().send(INTERACTIONS, encode(Interaction(

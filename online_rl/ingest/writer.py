@@ -14,7 +14,6 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,7 +52,6 @@ class AsyncBusWriter:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="orl-bus-writer", daemon=True)
         self.last_error: str | None = None
-        self.last_ok = 0.0
         self._thread.start()
 
     async def write(
@@ -112,7 +110,7 @@ class AsyncBusWriter:
                 for job in jobs:
                     _resolve(job, exc)
                 continue
-            self.last_ok, self.last_error = time.monotonic(), None
+            self.last_error = None
             for job in jobs:
                 if job.on_confirmed is not None:
                     job.on_confirmed()
