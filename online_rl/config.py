@@ -26,6 +26,7 @@ from online_rl.errors import ConfigError
 __all__ = [
     "BusConfig",
     "FeedbackApiConfig",
+    "InferenceConfig",
     "JoinSettings",
     "KafkaConfig",
     "MlflowConfig",
@@ -131,6 +132,34 @@ class FeedbackApiConfig(BaseModel):
     retry_after_s: int = Field(default=2, ge=1, description="Retry-After sent with 503 answers.")
 
 
+class InferenceConfig(BaseModel):
+    """The inference service (services/inference) and its generation engine."""
+
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8081, ge=1, le=65535)
+    engine: Literal["auto", "vllm", "transformers"] = Field(
+        default="auto",
+        description="auto: vLLM on a GPU, transformers on a CPU (measured faster there; "
+        "docs/serving.md).",
+    )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="SHA-256 hashes of API keys (`online-rl keys new`), optionally with scopes: "
+        "'inference' to generate, 'admin' to load adapters and move aliases.",
+    )
+    api_keys_file: Path | None = Field(default=None, description="A file of such entries, one per line.")
+    max_model_len: int = Field(default=2048, ge=16, le=1_048_576, description="Prompt + completion tokens.")
+    max_tokens_default: int = Field(default=256, ge=1, description="max_tokens when a request sets none.")
+    max_batch: int = Field(default=16, ge=1, le=4096, description="Requests decoded together.")
+    max_loras: int = Field(default=4, ge=1, le=64, description="Adapters resident at once.")
+    max_lora_rank: int = Field(default=16, ge=1, le=512, description="Largest LoRA rank accepted (vLLM).")
+    kv_cache_gib: float = Field(default=1.0, gt=0, description="vLLM on CPU: KV cache size.")
+    log_buffer: int = Field(default=10_000, ge=1, description="Interactions held while the bus is down.")
+    adapters_dir: Path | None = Field(
+        default=None, description="Where adapters from MLflow are downloaded (default <cache_dir>/adapters)."
+    )
+
+
 class MlflowConfig(BaseModel):
     """The MLflow tracking store and model registry."""
 
@@ -191,6 +220,7 @@ class Settings(BaseSettings):
     bus: BusConfig = Field(default_factory=BusConfig)
     join: JoinSettings = Field(default_factory=JoinSettings)
     feedback_api: FeedbackApiConfig = Field(default_factory=FeedbackApiConfig)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
@@ -217,6 +247,11 @@ class Settings(BaseSettings):
     def bus_path(self) -> Path:
         """The embedded bus's SQLite file."""
         return self.bus.embedded_path or self.cache_dir / "bus" / "bus.db"
+
+    @property
+    def adapters_dir(self) -> Path:
+        """Where adapter versions fetched from MLflow are kept."""
+        return self.inference.adapters_dir or self.cache_dir / "adapters"
 
     @property
     def mlflow_tracking_uri(self) -> str:

@@ -22,10 +22,11 @@ from online_rl.bus import Bus
 from online_rl.bus.embedded import EmbeddedBus
 from online_rl.bus.kafka import KafkaBus
 from online_rl.config import Settings, load_settings
-from tests.factories import BusFactory
+from tests.factories import BusFactory, lora_adapter
 
 ROOT = Path(__file__).resolve().parents[1]
 KAFKA_SCRIPT = ROOT / "deploy" / "local" / "kafka" / "kafka.sh"
+TINY_NAME = "tiny-llama"  # the base model id the tiny model is served and trained as
 
 
 def _has_gpu() -> bool:
@@ -41,6 +42,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Async tests (marked `anyio`) run on asyncio, like the services."""
+    return "asyncio"
 
 
 @pytest.fixture(scope="session")
@@ -83,6 +90,13 @@ def tiny_model(embedded_model: Path, tmp_path_factory: pytest.TempPathFactory) -
     from online_rl.models import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), embedded_model, seed=0)
+
+
+@pytest.fixture(scope="session")
+def adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two different sealed adapters for the tiny model."""
+    root = tmp_path_factory.mktemp("adapters")
+    return [lora_adapter(tiny_model, root / f"a{i}", TINY_NAME, seed=i + 1, scale=20.0) for i in range(2)]
 
 
 @pytest.fixture(scope="session")

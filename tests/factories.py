@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from online_rl.bus import Bus, Consumer, Record
@@ -76,3 +77,28 @@ def drain(consumer: Consumer, count: int, timeout: float = 30.0) -> list[Record]
     while len(out) < count and time.monotonic() < deadline:
         out.extend(consumer.poll(500, 0.5))
     return out
+
+
+def lora_adapter(base_dir: Path, out_dir: Path, base_model: str, seed: int = 0, rank: int = 8,
+                 scale: float = 1.0, seal: bool = True) -> Path:
+    """A random (non-zero) PEFT LoRA adapter for the model in `base_dir`, saved as safetensors with
+    its lineage manifest; `scale` multiplies lora_B so adapters differ visibly from the base."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from online_rl.registry import write_lineage
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "o_proj"],
+                        init_lora_weights=False, lora_dropout=0.0)
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.mul_(scale)
+    peft_model.save_pretrained(str(out_dir), safe_serialization=True)
+    if seal:
+        write_lineage(out_dir, base_model)
+    return out_dir

@@ -1,7 +1,8 @@
 """A tiny random Llama for fast tests: two layers, the embedded model's tokenizer, seeded.
 
 Its weights are random, so it answers nonsense, but it has the real vocabulary and chat template,
-and every code path that takes a Llama (PEFT, vLLM, the trainers) accepts it.
+and every code path that takes a Llama (PEFT, vLLM, the trainers) accepts it. Its head size is 32,
+the smallest vLLM's CPU attention supports.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ def build_tiny_llama(
     out_dir: Path,
     tokenizer_dir: Path,
     seed: int = 0,
-    hidden_size: int = 64,
+    hidden_size: int = 128,
     num_layers: int = 2,
 ) -> Path:
     """Write a seeded random Llama with `tokenizer_dir`'s tokenizer to `out_dir` and return it."""

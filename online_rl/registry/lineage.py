@@ -1,0 +1,134 @@
+"""The lineage manifest: what an adapter version was made from, and the hashes that pin its weights.
+
+Every adapter folder carries `lineage.json` beside `adapter_model.safetensors`. Serving refuses an
+adapter whose files do not match the hashes recorded there, whose base model is not the one being
+served, or that holds anything but safetensors weights (a pickle can run code when loaded).
+
+This module knows nothing about MLflow, engines or the trainer; it reads and writes files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from online_rl.errors import OnlineRLError
+
+__all__ = [
+    "ADAPTER_WEIGHTS",
+    "LINEAGE_NAME",
+    "AdapterRejected",
+    "LineageManifest",
+    "file_sha256",
+    "read_lineage",
+    "verify_adapter_dir",
+    "write_lineage",
+]
+
+LINEAGE_NAME = "lineage.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+class AdapterRejected(OnlineRLError):
+    """An adapter folder failed verification; the message says what is wrong and how to fix it."""
+
+
+class LineageManifest(BaseModel):
+    """What one adapter version was made from (see docs/architecture.md, Versions)."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = 1
+    base_model: str = Field(min_length=1, description="Base model id the adapter was trained on.")
+    base_model_sha256: str | None = Field(default=None, description="Fingerprint of the base weights.")
+    adapter_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the safetensors file.")
+    files: dict[str, str] = Field(description="Every adapter file and its sha256.")
+    offsets: dict[str, dict[str, list[int]]] = Field(
+        default_factory=dict, description="topic -> partition -> [first, next) offsets consumed."
+    )
+    reward_mapping_version: str | None = None
+    behaviour_versions: list[str] = Field(default_factory=list)
+    parent_version: str | None = None
+    config_hash: str | None = None
+    eval: dict[str, float] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=time.time)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_files(folder: Path) -> None:
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+    if pickles:
+        raise AdapterRejected(
+            f"{folder} holds pickle weights ({', '.join(pickles)}); only safetensors are served. "
+            "Save the adapter with `save_pretrained(..., safe_serialization=True)`"
+        )
+    for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
+        if not (folder / name).is_file():
+            raise AdapterRejected(f"{folder} has no {name}; it is not a PEFT LoRA adapter folder")
+
+
+def write_lineage(folder: Path, base_model: str, **fields: object) -> LineageManifest:
+    """Hash the adapter files in `folder` and write its `lineage.json` (other fields as given)."""
+    folder = Path(folder)
+    _check_files(folder)
+    files = {p.name: file_sha256(p) for p in sorted(folder.iterdir())
+             if p.is_file() and p.name != LINEAGE_NAME}
+    manifest = LineageManifest(base_model=base_model, adapter_sha256=files[ADAPTER_WEIGHTS],
+                               files=files, **fields)  # type: ignore[arg-type]
+    (folder / LINEAGE_NAME).write_text(manifest.model_dump_json(indent=2))
+    return manifest
+
+
+def read_lineage(folder: Path) -> LineageManifest:
+    path = Path(folder) / LINEAGE_NAME
+    if not path.is_file():
+        raise AdapterRejected(
+            f"{folder} has no {LINEAGE_NAME}, so its weights cannot be verified; adapters made by the "
+            "trainer carry one (for a hand-made adapter: `online-rl adapter seal <folder> --base <id>`)"
+        )
+    try:
+        return LineageManifest.model_validate(json.loads(path.read_text()))
+    except (ValueError, ValidationError) as exc:
+        raise AdapterRejected(f"{path} is not a valid lineage manifest: {exc}") from exc
+
+
+def verify_adapter_dir(folder: Path, base_model: str | None = None) -> LineageManifest:
+    """Check that `folder` is a safetensors LoRA adapter whose files match its lineage manifest
+    (and, when given, that it was trained on `base_model`); return the manifest."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise AdapterRejected(f"{folder} is not a folder; give the adapter's folder")
+    _check_files(folder)
+    manifest = read_lineage(folder)
+    if base_model is not None and manifest.base_model != base_model:
+        raise AdapterRejected(
+            f"the adapter was trained on {manifest.base_model!r} but this service serves "
+            f"{base_model!r}; load it on a service with that base model"
+        )
+    recorded = dict(manifest.files)
+    recorded.setdefault(ADAPTER_WEIGHTS, manifest.adapter_sha256)
+    if recorded[ADAPTER_WEIGHTS] != manifest.adapter_sha256:
+        raise AdapterRejected(f"{folder / LINEAGE_NAME} disagrees with itself about the weights' sha256")
+    for name, expected in recorded.items():
+        path = folder / name
+        if not path.is_file():
+            raise AdapterRejected(f"{path} is listed in the lineage manifest but missing")
+        actual = file_sha256(path)
+        if actual != expected:
+            raise AdapterRejected(
+                f"{name} has sha256 {actual[:12]}… but the lineage manifest says {expected[:12]}…; "
+                "the files were changed or corrupted after the version was made: re-download it"
+            )
+    return manifest

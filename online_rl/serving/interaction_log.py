@@ -1,0 +1,109 @@
+"""Logging served interactions to the bus off the request path, with bounded buffering.
+
+`log()` never blocks and never fails a request: it encodes the event and appends it to a bounded
+buffer. A thread produces what is buffered and flushes; on failure (the bus is down) it keeps the
+records, waits with exponential backoff and retries, so nothing accepted into the buffer is lost
+while the service runs. When the buffer is full a new interaction is dropped and counted (the
+answer was still served). Delivery is at least once: a retry after an unconfirmed flush can write
+a record twice, and the joiner de-duplicates interactions by request id.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from online_rl.bus import Bus, Producer
+from online_rl.events import Interaction, encode
+
+__all__ = ["InteractionLogger", "LogStats"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LogStats:
+    logged: int = 0  # confirmed by the bus
+    dropped: int = 0  # refused because the buffer was full
+    failed_flushes: int = 0  # bus errors (each retried)
+
+
+class InteractionLogger:
+    """A bounded buffer of encoded interactions and the thread that writes them to `topic`."""
+
+    def __init__(self, bus: Bus, topic: str, max_buffer: int = 10_000, flush_timeout_s: float = 5.0,
+                 max_backoff_s: float = 10.0, batch: int = 500) -> None:
+        self._producer: Producer = bus.producer()
+        self._topic = topic
+        self._max = max_buffer
+        self._flush_timeout = flush_timeout_s
+        self._max_backoff = max_backoff_s
+        self._batch = batch
+        self._buffer: deque[tuple[bytes, bytes]] = deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self.stats = LogStats()
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="orl-interaction-log", daemon=True)
+        self._thread.start()
+
+    def log(self, interaction: Interaction) -> bool:
+        """Queue `interaction` for the bus; False when the buffer is full and it was dropped."""
+        record = (interaction.request_id.encode(), encode(interaction))
+        with self._cond:
+            if len(self._buffer) >= self._max:
+                self.stats.dropped += 1
+                return False
+            self._buffer.append(record)
+            self._cond.notify()
+        return True
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            with self._cond:
+                while not self._buffer and not self._closing:
+                    self._cond.wait()
+                if not self._buffer:
+                    return
+                chunk = [self._buffer[i] for i in range(min(self._batch, len(self._buffer)))]
+            try:
+                for key, value in chunk:
+                    self._producer.produce(self._topic, value, key)
+                self._producer.flush(self._flush_timeout)
+            except Exception as exc:  # the bus is down or refused: keep the records and retry
+                self.stats.failed_flushes += 1
+                self.last_error = str(exc) or type(exc).__name__
+                logger.warning("interaction log: %d records not confirmed (%s); retrying in %.1fs",
+                               len(chunk), self.last_error, backoff)
+                with self._cond:
+                    if self._closing and backoff >= self._max_backoff:
+                        return  # give up at shutdown once retries have had their time
+                    self._cond.wait(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            backoff = 0.1
+            self.last_error = None
+            with self._cond:
+                for _ in chunk:
+                    self._buffer.popleft()
+                self.stats.logged += len(chunk)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is buffered (waiting at most `timeout_s`), then stop."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            logger.error("interaction log: %d interactions not written at shutdown", len(self._buffer))
+            return
+        if self._buffer:
+            logger.error("interaction log: %d interactions not written at shutdown", len(self._buffer))
+        self._producer.close()

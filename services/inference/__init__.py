@@ -1,0 +1,1 @@
+"""The OpenAI-compatible inference service over online_rl.serving."""

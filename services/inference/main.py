@@ -1,0 +1,73 @@
+"""The inference app: `create_app(settings)` builds it; `python -m services.inference` serves it.
+
+A thin layer over `online_rl.serving`: the OpenAI wire format, auth and error mapping here;
+engines, adapter versions and interaction logging in the library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from online_rl import __version__
+from online_rl.bus import Bus, Topics, ensure_topics, open_bus
+from online_rl.config import Settings
+from online_rl.errors import ConfigError
+from online_rl.serving import AdapterManager, Engine, InferenceCore, InteractionLogger, build_engine
+from services.inference.errors import install_error_handlers
+from services.inference.routes import admin, completions, health, models
+from services.inference.service import InferenceService
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None = None,
+               close_engine: bool = True) -> FastAPI:
+    """The inference API over `engine` (default: built from the config) logging to `bus`
+    (default: the configured bus)."""
+    from online_rl.ingest import ApiKeyStore
+
+    api = settings.inference
+    if len(ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)) == 0:
+        raise ConfigError(
+            "inference.api_keys is empty, so every request would be refused; create a key with "
+            "`online-rl keys new` and set its hash in inference.api_keys (or api_keys_file)"
+        )
+    own_bus = bus is None
+    service_bus = bus or open_bus(settings)
+    topics = Topics(settings.bus.topic_prefix)
+    ensure_topics(service_bus, settings.bus.partitions, topics)
+    engine = engine or build_engine(settings.model_dir, api)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(settings.model_dir))
+    manager = AdapterManager(engine, settings.model.name, settings.adapters_dir,
+                             tracking_uri=settings.mlflow_tracking_uri)
+    log = InteractionLogger(service_bus, topics.interactions, max_buffer=api.log_buffer)
+    service = InferenceService(settings, InferenceCore(engine, manager, tokenizer, log), service_bus)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(log.close)
+        if close_engine:
+            await engine.close()
+        if own_bus:
+            service_bus.close()
+
+    app = FastAPI(
+        title="online-rl inference API",
+        version=__version__,
+        description="OpenAI-compatible completions from the base model or a LoRA adapter version. "
+        "Every answer carries a `request_id`: post feedback on it to the feedback API. "
+        "Authenticate with `Authorization: Bearer <API key>` (scope `inference`; `admin` for /admin).",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    install_error_handlers(app)
+    for module in (completions, models, admin, health):
+        app.include_router(module.router)
+    return app

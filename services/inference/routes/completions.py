@@ -1,0 +1,152 @@
+"""POST /v1/chat/completions and /v1/completions, with `stream: true` over server-sent events.
+
+Every answer carries its `request_id` (body field, and the `X-Request-Id` header) for feedback,
+and names in `model` the version that produced it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from online_rl.events import SamplingParams
+from online_rl.serving import Chunk, EngineError, Prepared
+from services.inference.deps import CallerDep, ServiceDep
+from services.inference.errors import error_body
+from services.inference.schemas import ChatRequest, CompletionRequest, usage
+from services.inference.service import InferenceService
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["completions"])
+_ANONYMOUS = "anonymous"
+
+
+def _prepare(service: InferenceService, body: ChatRequest | CompletionRequest) -> Prepared:
+    config = service.settings.inference
+    max_tokens = body.max_tokens
+    if isinstance(body, ChatRequest) and body.max_completion_tokens is not None:
+        max_tokens = body.max_completion_tokens
+    sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p,
+                              max_tokens=max_tokens or config.max_tokens_default, seed=body.seed)
+    session = (body.metadata or {}).get("session_id")
+    common: dict[str, Any] = {"model": body.model, "sampling": sampling, "user_id": body.user or _ANONYMOUS,
+                              "session_id": session}
+    if isinstance(body, ChatRequest):
+        return service.core.prepare(messages=[m.to_message() for m in body.messages], **common)
+    return service.core.prepare(prompt=body.prompt, **common)
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatRequest, service: ServiceDep, caller: CallerDep) -> Any:
+    """Answer a chat. `model` is the base model id, an adapter version, or an alias."""
+    prep = _prepare(service, body)
+    if body.stream:
+        return _stream(service, prep, chat=True, include_usage=bool(body.stream_options
+                                                                   and body.stream_options.include_usage))
+    return await _complete(service, prep, chat=True)
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, service: ServiceDep, caller: CallerDep) -> Any:
+    """Continue a raw text prompt (no chat template)."""
+    prep = _prepare(service, body)
+    if body.stream:
+        return _stream(service, prep, chat=False, include_usage=bool(body.stream_options
+                                                                    and body.stream_options.include_usage))
+    return await _complete(service, prep, chat=False)
+
+
+def _headers(prep: Prepared) -> dict[str, str]:
+    return {"X-Request-Id": prep.request_id}
+
+
+async def _complete(service: InferenceService, prep: Prepared, chat: bool) -> JSONResponse:
+    started = time.perf_counter()
+    parts: list[str] = []
+    last = Chunk("")
+    version: str | None = None
+    first: float | None = None
+    try:
+        async for served_by, chunk in service.core.stream(prep):
+            version = served_by
+            first = first or time.perf_counter()
+            parts.append(chunk.text)
+            last = chunk
+    except EngineError:
+        service.metrics.requests.labels(version or "base", "error").inc()
+        raise
+    served = version or service.core.base_model
+    _observe(service, served, started, first, last.completion_tokens)
+    text = "".join(parts)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    body = {"id": prep.request_id, "request_id": prep.request_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(prep.created_at), "model": served, "choices": [choice],
+            "usage": usage(last.prompt_tokens, last.completion_tokens)}
+    return JSONResponse(body, headers=_headers(prep) | {"X-Model-Version": served})
+
+
+def _stream(service: InferenceService, prep: Prepared, chat: bool, include_usage: bool) -> StreamingResponse:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    base = service.core.base_model
+
+    def event(payload: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+    def frame(served: str, text: str | None, finish: str | None, role: bool = False) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if chat:
+            choice["delta"] = ({"role": "assistant", "content": text or ""} if role
+                               else ({"content": text} if text else {}))
+        else:
+            choice["text"] = text or ""
+        return event({"id": prep.request_id, "request_id": prep.request_id, "object": kind,
+                      "created": int(prep.created_at), "model": served, "choices": [choice]})
+
+    async def body() -> AsyncIterator[bytes]:
+        started, first = time.perf_counter(), None
+        served, sent_role, last = base, False, Chunk("")
+        try:
+            async for version, chunk in service.core.stream(prep):
+                served = version or base
+                if chat and not sent_role:
+                    yield frame(served, "", None, role=True)
+                    sent_role = True
+                first = first or time.perf_counter()
+                last = chunk
+                if chunk.text or chunk.finish_reason:
+                    yield frame(served, chunk.text, chunk.finish_reason)
+        except EngineError as exc:
+            service.metrics.requests.labels(served, "error").inc()
+            yield event(error_body(f"generation failed: {exc}; retry", "engine_error"))
+            yield b"data: [DONE]\n\n"
+            return
+        _observe(service, served, started, first, last.completion_tokens)
+        if include_usage:
+            yield event({"id": prep.request_id, "request_id": prep.request_id, "object": kind,
+                         "created": int(prep.created_at), "model": served, "choices": [],
+                         "usage": usage(last.prompt_tokens, last.completion_tokens)})
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers=_headers(prep) | {"Cache-Control": "no-cache"})
+
+
+def _observe(service: InferenceService, version: str, started: float, first: float | None,
+             tokens: int) -> None:
+    metrics = service.metrics
+    metrics.requests.labels(version, "ok").inc()
+    metrics.tokens.labels(version).inc(tokens)
+    metrics.latency.labels(version).observe(time.perf_counter() - started)
+    if first is not None:
+        metrics.first_token.observe(first - started)

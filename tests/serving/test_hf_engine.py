@@ -1,0 +1,127 @@
+"""The transformers + PEFT engine on a real tiny Llama: answers, log-probabilities, adapters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from online_rl.algos import completion_logprobs
+from online_rl.serving import AdapterLoadError
+from online_rl.serving.hf_engine import TransformersEngine
+from tests.serving.conftest import complete
+
+pytestmark = pytest.mark.anyio
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [100, 200, 300, 400, 500, 600, 700]]
+
+
+@pytest.fixture
+async def engine(tiny_model: Path) -> AsyncIterator[TransformersEngine]:
+    made = TransformersEngine(tiny_model, max_batch=8, max_model_len=64, max_loras=2)
+    yield made
+    await made.close()
+
+
+def reference(tiny_model: Path, adapter: Path | None) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter))
+    return model.eval()
+
+
+def greedy(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False,  # type: ignore[operator]
+                         min_new_tokens=steps, pad_token_id=0)
+    return [int(t) for t in out[0, len(prompt):]]
+
+
+async def test_batched_greedy_matches_transformers_generate_per_adapter(
+    engine: TransformersEngine, tiny_model: Path, adapters: list[Path]
+) -> None:
+    await engine.load_adapter("a0", adapters[0])
+    await engine.load_adapter("a1", adapters[1])
+    # One batch mixes the base model and both adapters.
+    jobs = [complete(engine, p, adapter, max_tokens=6)
+            for p in PROMPTS for adapter in (None, "a0", "a1")]
+    results = await asyncio.gather(*jobs)
+    got = {(tuple(p), a): r[0] for (p, a), r in zip(
+        [(p, a) for p in PROMPTS for a in (None, "a0", "a1")], results, strict=True)}
+    for adapter, folder in ((None, None), ("a0", adapters[0]), ("a1", adapters[1])):
+        model = reference(tiny_model, folder)
+        for prompt in PROMPTS:
+            expected = greedy(model, prompt, 6)
+            served = got[(tuple(prompt), adapter)]
+            assert served == expected[: len(served)], (adapter, prompt)
+    assert got[(tuple(PROMPTS[0]), "a0")] != got[(tuple(PROMPTS[0]), None)]
+
+
+async def test_logged_logprobs_match_a_teacher_forced_forward(
+    engine: TransformersEngine, tiny_model: Path, adapters: list[Path]
+) -> None:
+    await engine.load_adapter("a0", adapters[0])
+    model = reference(tiny_model, adapters[0])
+    for temperature in (0.0, 0.9):
+        ids, logprobs, _ = await complete(engine, PROMPTS[2], "a0", max_tokens=10, temperature=temperature,
+                                          seed=3)
+        with torch.no_grad():
+            recomputed = completion_logprobs(model, PROMPTS[2], ids)
+        assert torch.allclose(torch.tensor(logprobs), recomputed, atol=1e-4), (logprobs, recomputed)
+
+
+async def test_seeded_sampling_repeats_and_finish_reasons(engine: TransformersEngine) -> None:
+    first = await complete(engine, PROMPTS[0], max_tokens=12, temperature=1.0, seed=11)
+    again = await complete(engine, PROMPTS[0], max_tokens=12, temperature=1.0, seed=11)
+    other = await complete(engine, PROMPTS[0], max_tokens=12, temperature=1.0, seed=12)
+    assert first[0] == again[0] and first[0] != other[0]
+    assert first[2] in ("length", "stop") and len(first[0]) <= 12
+    assert first[2] == "stop" or len(first[0]) == 12
+
+
+async def test_a_failed_load_leaves_serving_unchanged(
+    engine: TransformersEngine, adapters: list[Path], tmp_path: Path
+) -> None:
+    await engine.load_adapter("a0", adapters[0])
+    before = await complete(engine, PROMPTS[1], "a0")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text("{not json")
+    (broken / "adapter_model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(AdapterLoadError, match="could not load"):
+        await engine.load_adapter("bad", broken)
+    assert engine.adapters() == ["a0"]
+    assert await complete(engine, PROMPTS[1], "a0") == before
+    with pytest.raises(AdapterLoadError, match="already loaded"):
+        await engine.load_adapter("a0", adapters[1])
+
+
+async def test_unloading_every_adapter_returns_to_the_base_model(
+    engine: TransformersEngine, adapters: list[Path]
+) -> None:
+    base = await complete(engine, PROMPTS[0])
+    await engine.load_adapter("a0", adapters[0])
+    await engine.load_adapter("a1", adapters[1])
+    with pytest.raises(AdapterLoadError, match="most this engine holds"):
+        await engine.load_adapter("a2", adapters[0])
+    await engine.unload_adapter("a0")
+    assert engine.adapters() == ["a1"]
+    await engine.unload_adapter("a1")
+    assert engine.adapters() == []
+    assert await complete(engine, PROMPTS[0]) == base
+
+
+async def test_a_cancelled_stream_does_not_block_others(engine: TransformersEngine) -> None:
+    from online_rl.events import SamplingParams
+    from online_rl.serving import GenerationRequest
+
+    stream = engine.generate(GenerationRequest("gone", PROMPTS[0], SamplingParams(temperature=0.0,
+                                                                                  max_tokens=40)))
+    await stream.__anext__()
+    await stream.aclose()
+    ids, _, reason = await complete(engine, PROMPTS[1], max_tokens=5)
+    assert reason is not None and len(ids) <= 5
