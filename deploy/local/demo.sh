@@ -2,9 +2,10 @@
 # The main job on the embedded default (the README's first command, `make demo`).
 #
 # Today it brings up what exists: the embedded model (prepared and verified through transformers
-# and vLLM), a real Kafka broker, the local MLflow store and a Ray runtime, the feedback API and the
-# event log (one interaction and a thumbs-up joined into a training sample). The full loop (serve -> feedback -> train -> canary -> promote) is not built yet; see the
-# open issues.
+# and vLLM), a real Kafka broker, the local MLflow store and a Ray runtime, the inference service
+# (OpenAI-compatible; it logs the interaction), the feedback API (a thumbs-up on that answer) and
+# the join into a training sample. Training and canary rollouts are not built yet; see the open
+# issues.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
@@ -32,44 +33,46 @@ init_ray(settings)
 print(f"Ray runtime: {ray.cluster_resources().get('CPU', 0):.0f} CPUs")
 ray.shutdown()
 PY
-echo "== 4/5 event log: an interaction, a thumbs-up through the feedback API, the join"
+echo "== 4/5 serving and feedback: a real answer, a thumbs-up on it, the join"
 export ORL_KAFKA__BOOTSTRAP_SERVERS=${ORL_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:${ORL_KAFKA_PORT:-9092}}
 $cli bus create-topics
-keys=$($cli keys new --scopes feedback 2>/dev/null)
+keys=$($cli keys new --scopes feedback,inference 2>/dev/null)
 key=$(echo "$keys" | sed -n 's/^key: *//p')
 entry=$(echo "$keys" | sed -n 's/^entry: *//p')
 ORL_FEEDBACK_API__API_KEYS="[\"$entry\"]" $cli serve feedback --port 8082 &
 feedback_pid=$!
-trap 'kill $feedback_pid 2>/dev/null || true' EXIT
+ORL_INFERENCE__API_KEYS="[\"$entry\"]" $cli serve inference --port 8081 &
+inference_pid=$!
+trap 'kill $feedback_pid $inference_pid 2>/dev/null || true' EXIT
 ORL_DEMO_KEY=$key .venv/bin/python - <<'PY'
-import os, time, uuid
+import os, time
 import httpx
-from online_rl.bus import INTERACTIONS, open_bus
+import openai
 from online_rl.client import FeedbackClient
-from online_rl.config import load_settings
-from online_rl.events import Interaction, Message, encode
 
-for _ in range(100):  # wait for the feedback API
-    try:
-        if httpx.get("http://127.0.0.1:8082/readyz", timeout=2).status_code == 200:
-            break
-    except httpx.HTTPError:
-        pass
-    time.sleep(0.3)
-else:
-    raise SystemExit("the feedback API did not become ready on 127.0.0.1:8082 (is the port taken?)")
-bus = open_bus(load_settings())
-rid = f"demo-{uuid.uuid4().hex[:8]}"
-bus.producer().send(INTERACTIONS, encode(Interaction(
-    request_id=rid, user_id="demo-user", created_at=time.time(), model="SmolLM2-135M-Instruct",
-    prompt=[Message(role="user", content="What is the capital of France?")], prompt_token_ids=[1],
-    completion="The capital of France is Paris.", completion_token_ids=[2], completion_logprobs=[-0.1],
-)), rid.encode())
+def wait(url: str, name: str) -> None:
+    for _ in range(300):
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"the {name} did not become ready on {url} (is the port taken?)")
+
+wait("http://127.0.0.1:8082", "feedback API")
+wait("http://127.0.0.1:8081", "inference service")
+llm = openai.OpenAI(base_url="http://127.0.0.1:8081/v1", api_key=os.environ["ORL_DEMO_KEY"])
+answer = llm.chat.completions.create(
+    model="SmolLM2-135M-Instruct", user="demo-user", max_tokens=32, temperature=0,
+    messages=[{"role": "user", "content": "What is the capital of France?"}])
+print(f"inference service answered ({answer.model}, request_id {answer.id}):")
+print("  ", answer.choices[0].message.content)
 with FeedbackClient("http://127.0.0.1:8082", os.environ["ORL_DEMO_KEY"]) as client:
-    print("feedback API answered:", client.thumbs(rid, user_id="demo-user", up=True))
+    print("feedback API answered:", client.thumbs(answer.id, user_id="demo-user", up=True))
 PY
 timeout -s TERM 20 $cli join --window 2 || true
 $cli bus tail orl.samples --count 1
 echo "== 5/5 the learning loop"
-echo "Not built yet: serving, training and canary rollout land with the next issues."
+echo "Not built yet: training and canary rollout land with the next issues."
 echo "The Kafka broker is left running; stop it with: make kafka-stop"

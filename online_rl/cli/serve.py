@@ -17,15 +17,16 @@ serve_app = typer.Typer(help="Run an HTTP service in the foreground.", no_args_i
 
 @keys_app.command("new")
 def keys_new(
-    scopes: Annotated[str, typer.Option(help="Comma-separated scopes, e.g. 'feedback'; empty = all.")] = "",
+    scopes: Annotated[str, typer.Option(
+        help="Comma-separated scopes: 'feedback', 'inference', 'admin'; empty = all.")] = "",
 ) -> None:
     """Make an API key: give the key to the client, store the entry in the config or a Secret."""
     raw, digest = new_key()
     entry = f"{digest} {scopes}".strip()
     typer.echo(f"key:   {raw}")
     typer.echo(f"entry: {entry}")
-    typer.echo("Put the entry in feedback_api.api_keys (or api_keys_file); the key is not stored anywhere.",
-               err=True)
+    typer.echo("Put the entry in feedback_api.api_keys or inference.api_keys (or an api_keys_file); "
+               "the key is not stored anywhere.", err=True)
 
 
 @serve_app.command("feedback")
@@ -41,5 +42,26 @@ def serve_feedback(
 
     settings = load_settings(ctx.obj["config"])
     api = settings.feedback_api
+    uvicorn.run(create_app(settings), host=host or api.host, port=port or api.port,
+                log_level="warning", access_log=False)
+
+
+@serve_app.command("inference")
+def serve_inference(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option(help="Listen address (default: config).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: config).")] = None,
+    engine: Annotated[str | None, typer.Option(help="auto, vllm or transformers (default: config).")] = None,
+) -> None:
+    """Serve the OpenAI-compatible inference API (POST /v1/chat/completions) until interrupted."""
+    import uvicorn
+
+    from services.inference.main import create_app
+
+    settings = load_settings(ctx.obj["config"])
+    if engine is not None:
+        settings = settings.model_copy(update={"inference": settings.inference.model_copy(
+            update={"engine": engine})})
+    api = settings.inference
     uvicorn.run(create_app(settings), host=host or api.host, port=port or api.port,
                 log_level="warning", access_log=False)

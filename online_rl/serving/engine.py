@@ -60,6 +60,9 @@ class Engine(abc.ABC):
 
     name: str  # "vllm" or "transformers"
 
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Finish starting inside the service's event loop (vLLM starts its engine core here)."""
+
     @abc.abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
         """Stream the completion of `request`; cancelling the iteration aborts the request."""

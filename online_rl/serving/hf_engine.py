@@ -222,7 +222,10 @@ class TransformersEngine(Engine):
     def _execute(self, command: _Command) -> None:
         error: BaseException | None = None
         try:
-            command.action()
+            # Commands may run between two decoding steps, inside inference mode; adapter weights
+            # made there would be "inference tensors" that PEFT cannot manage later.
+            with self._torch.inference_mode(False):
+                command.action()
         except Exception as exc:
             error = exc if isinstance(exc, AdapterLoadError) else AdapterLoadError(str(exc))
         with contextlib.suppress(RuntimeError):
@@ -254,6 +257,10 @@ class TransformersEngine(Engine):
             self._model = self._model.unload()  # back to the plain base model
             self._peft = False
         else:
+            # PEFT keeps one "active" adapter even though every forward here names its adapters;
+            # move it off the one being deleted first, or PEFT looks up the deleted name later.
+            if self._model.active_adapter == name:
+                self._model.set_adapter(next(a for a in self._adapters if a != name), inference_mode=True)
             self._model.delete_adapter(name)
         self._adapters.remove(name)
 

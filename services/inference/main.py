@@ -51,6 +51,7 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
         yield
         await asyncio.to_thread(log.close)
         if close_engine:

@@ -86,15 +86,18 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
+def serve(app: FastAPI, startup_timeout: float = 30.0) -> Iterator[str]:
     """Run `app` with uvicorn on a free local port in a thread; yields its base URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
+    deadline = time.monotonic() + startup_timeout
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
+    if not server.started:
+        server.should_exit = True
+        raise RuntimeError("the app did not start; see the log above")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

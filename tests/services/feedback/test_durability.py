@@ -32,7 +32,10 @@ class Broker:
     def run(self, action: str) -> None:
         result = subprocess.run(["bash", str(KAFKA_SCRIPT), action], env=self.env, capture_output=True,
                                 text=True, timeout=180)
-        assert result.returncode == 0, result.stderr
+        if result.returncode != 0:
+            log = Path(result.stderr.rsplit("see ", 1)[-1].strip().rstrip(";"))
+            tail = "\n".join(log.read_text().splitlines()[-40:]) if log.is_file() else ""
+            raise AssertionError(f"{result.stderr}\n{tail}")
 
 
 @pytest.fixture

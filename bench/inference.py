@@ -1,0 +1,231 @@
+"""Inference benchmark: the service against its raw engine, vLLM against transformers, hot swaps.
+
+    .venv/bin/python bench/inference.py [--prompts 16] [--max-tokens 48] [--seconds 30] [--skip-vllm]
+
+On the embedded model (SmolLM2-135M-Instruct), in one run:
+1. raw engines: the same greedy chat prompts, all at once, through the transformers + PEFT engine
+   and through vLLM (AsyncLLM): completion tokens/s of each -> `vllm_vs_transformers`;
+2. the service (`online-rl serve inference`, its own process, the engine `auto` picks here, the
+   embedded bus logging every interaction): the same prompts through HTTP -> `service_vs_engine`
+   (service tokens/s over that engine's raw tokens/s);
+3. latency under a closed loop of clients on an adapter alias, first steady, then while the alias
+   is swapped between two adapter versions (load + verify + alias move, then drain and unload the
+   old one) -> `swap_s` (median time of a load-and-alias call) and `swap_p99_ratio` (p99 latency
+   during swaps over steady p99).
+The last line is one JSON object with these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+
+from bench.common import ROOT, emit
+from online_rl.config import InferenceConfig, load_settings
+from online_rl.events import SamplingParams
+from online_rl.ingest import new_key
+from online_rl.models import EMBEDDED_MODEL_ID, prepare_embedded_model
+from online_rl.serving import Engine, GenerationRequest, build_engine, choose_engine
+from tests.factories import lora_adapter
+
+QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis.",
+             "List three prime numbers.", "What is 12 times 7?", "Tell me a short story about a cat.",
+             "How do airplanes fly?", "Give me a recipe for pancakes."]
+
+
+def messages(n: int) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"}] for i in range(n)]
+
+
+async def raw_engine(engine: Engine, prompts: list[list[int]], max_tokens: int) -> float:
+    """Completion tokens/s of `prompts`, all submitted at once, greedy."""
+    await engine.start()
+
+    async def one(i: int, ids: list[int]) -> int:
+        count = 0
+        request = GenerationRequest(f"b{i}-{time.monotonic_ns()}", ids,
+                                    SamplingParams(temperature=0.0, max_tokens=max_tokens))
+        async for delta in engine.generate(request):
+            count += len(delta.token_ids)
+        return count
+
+    await one(-1, prompts[0])  # warm-up
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(prompts)))
+    seconds = time.perf_counter() - start
+    await engine.close()
+    return sum(counts) / seconds
+
+
+def start_service(model_dir: Path, work: Path, digest: str, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "ORL_CACHE_DIR": str(work / "cache"), "ORL_MODEL__PATH": str(model_dir),
+           "ORL_INFERENCE__API_KEYS": f'["{digest}"]', "ORL_BUS__EMBEDDED_PATH": str(work / "bus.db"),
+           "ORL_KAFKA__BOOTSTRAP_SERVERS": ""}
+    process = subprocess.Popen([sys.executable, "-m", "online_rl.cli", "serve", "inference",
+                                "--port", str(port)], env=env, cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            raise SystemExit("the inference service exited during start-up")
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit("the inference service did not become ready")
+
+
+async def service_throughput(url: str, key: str, chats: list[Any], max_tokens: int) -> float:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as client:
+        async def one(chat: Any) -> int:
+            response = await client.post("/v1/chat/completions", json={
+                "model": EMBEDDED_MODEL_ID, "messages": chat, "max_tokens": max_tokens, "temperature": 0})
+            response.raise_for_status()
+            return int(response.json()["usage"]["completion_tokens"])
+
+        await one(chats[0])
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(one(chat) for chat in chats))
+        return sum(counts) / (time.perf_counter() - start)
+
+
+async def closed_loop(url: str, key: str, seconds: float, concurrency: int,
+                      swapper: Any = None) -> list[float]:
+    """Latencies (s) of requests on the alias `policy` from `concurrency` clients for `seconds`."""
+    headers = {"Authorization": f"Bearer {key}"}
+    latencies: list[float] = []
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as client:
+        async def worker(w: int) -> None:
+            i = 0
+            while time.monotonic() < deadline:
+                started = time.perf_counter()
+                response = await client.post("/v1/chat/completions", json={
+                    "model": "policy", "max_tokens": 8, "temperature": 0,
+                    "messages": [{"role": "user", "content": f"{QUESTIONS[(w + i) % len(QUESTIONS)]}"}]})
+                if response.status_code != 200:
+                    raise SystemExit(f"a request failed: {response.status_code} {response.text}")
+                latencies.append(time.perf_counter() - started)
+                i += 1
+
+        tasks = [worker(w) for w in range(concurrency)]
+        if swapper is not None:
+            tasks.append(swapper(client, deadline))
+        await asyncio.gather(*tasks)
+    return latencies
+
+
+def make_swapper(folders: dict[str, Path], admin_headers: dict[str, str], swap_times: list[float]) -> Any:
+    async def swapper(client: httpx.AsyncClient, deadline: float) -> None:
+        current, other = "policy-v1", "policy-v2"
+        while time.monotonic() < deadline - 2:
+            await asyncio.sleep(1.0)
+            started = time.perf_counter()
+            loaded = await client.post("/admin/adapters", headers=admin_headers, json={
+                "source": str(folders[other]), "name": other, "alias": "policy"})
+            swap_times.append(time.perf_counter() - started)
+            if loaded.status_code != 201:
+                raise SystemExit(f"swap failed: {loaded.text}")
+            gone = await client.delete(f"/admin/adapters/{current}", headers=admin_headers)
+            if gone.status_code != 204:
+                raise SystemExit(f"unload failed: {gone.text}")
+            current, other = other, current
+    return swapper
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) > 2 else max(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--seconds", type=float, default=30.0, help="Each latency phase.")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--port", type=int, default=18381)
+    parser.add_argument("--skip-vllm", action="store_true")
+    args = parser.parse_args()
+
+    settings = load_settings()
+    model_dir = prepare_embedded_model(settings.model_dir).path
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    chats = messages(args.prompts)
+    prompts = [list(tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True)["input_ids"])
+               for c in chats]
+    config = InferenceConfig(max_batch=max(16, args.prompts))
+    result: dict[str, Any] = {"model": EMBEDDED_MODEL_ID, "prompts": args.prompts,
+                              "max_tokens": args.max_tokens, "auto_engine": choose_engine("auto")}
+
+    print("raw engines ...", flush=True)
+    tok_s = {"transformers": asyncio.run(raw_engine(build_engine(model_dir, config, "transformers"), prompts,
+                                                     args.max_tokens))}
+    print(f"  transformers: {tok_s['transformers']:.1f} tok/s", flush=True)
+    if not args.skip_vllm:
+        tok_s["vllm"] = asyncio.run(raw_engine(build_engine(model_dir, config, "vllm"), prompts,
+                                               args.max_tokens))
+        print(f"  vllm:         {tok_s['vllm']:.1f} tok/s", flush=True)
+        result["vllm_vs_transformers"] = round(tok_s["vllm"] / tok_s["transformers"], 3)
+    result |= {f"engine_tok_s_{name}": round(value, 1) for name, value in tok_s.items()}
+
+    key, digest = new_key()
+    with tempfile.TemporaryDirectory(prefix="orl-bench-inference-") as tmp:
+        work = Path(tmp)
+        folders = {f"policy-v{i + 1}": lora_adapter(model_dir, work / f"adapter-{i}", EMBEDDED_MODEL_ID,
+                                                    seed=i + 1, scale=0.5) for i in range(2)}
+        url = f"http://127.0.0.1:{args.port}"
+        print("service ...", flush=True)
+        service = start_service(model_dir, work, digest, args.port)
+        try:
+            served = asyncio.run(service_throughput(url, key, chats, args.max_tokens))
+            engine_name = result["auto_engine"]
+            result["service_tok_s"] = round(served, 1)
+            result["service_vs_engine"] = round(served / tok_s[engine_name], 3)
+            print(f"  service: {served:.1f} tok/s ({result['service_vs_engine']}x the raw "
+                  f"{engine_name} engine)", flush=True)
+            admin = {"Authorization": f"Bearer {key}"}
+            first = httpx.post(url + "/admin/adapters", headers=admin, timeout=120,
+                               json={"source": str(folders["policy-v1"]), "name": "policy-v1",
+                                     "alias": "policy"})
+            first.raise_for_status()
+            steady = asyncio.run(closed_loop(url, key, args.seconds, args.concurrency))
+            swaps: list[float] = []
+            during = asyncio.run(closed_loop(url, key, args.seconds, args.concurrency,
+                                             make_swapper(folders, admin, swaps)))
+        finally:
+            service.terminate()
+            service.wait(60)
+    result |= {
+        "steady_requests": len(steady), "swap_requests": len(during), "swaps": len(swaps),
+        "steady_p50_ms": round(statistics.median(steady) * 1000, 1),
+        "steady_p99_ms": round(p99(steady) * 1000, 1),
+        "swap_p50_ms": round(statistics.median(during) * 1000, 1),
+        "swap_p99_ms": round(p99(during) * 1000, 1),
+        "swap_s": round(statistics.median(swaps), 3) if swaps else None,
+        "swap_p99_ratio": round(p99(during) / p99(steady), 3),
+    }
+    print(f"swap: {result['swap_s']} s per load+alias; p99 {result['swap_p99_ms']} ms during swaps vs "
+          f"{result['steady_p99_ms']} ms steady ({result['swap_p99_ratio']}x)", flush=True)
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Interaction logging when the broker goes away: answers keep flowing, nothing is lost."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from online_rl.bus.kafka import KafkaBus
+from tests.services.feedback.test_durability import Broker
+from tests.services.inference.conftest import ServerFactory
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    own = Broker()
+    own.run("start")
+    yield own
+    own.run("reset")
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_answers_continue_while_the_broker_is_down_and_every_interaction_arrives_later(
+    make_server: ServerFactory, tiny_model: Path, broker: Broker
+) -> None:
+    server = make_server(tiny_model, "tiny-llama", bus=KafkaBus(broker.bootstrap))
+    client = server.openai(timeout=60)
+
+    def ask(n: int) -> list[str]:
+        return [client.completions.create(model="tiny-llama", prompt=f"p{i}", max_tokens=3).id
+                for i in range(n)]
+
+    served = ask(3)
+    deadline = time.monotonic() + 30
+    while metric(server.url, "orl_interactions_logged") < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    broker.run("stop")
+    served += ask(5)  # every request is still answered
+    deadline = time.monotonic() + 30
+    while metric(server.url, "orl_interaction_log_failures") < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert metric(server.url, "orl_interaction_log_failures") >= 1
+    assert metric(server.url, "orl_interaction_log_buffered") >= 1
+    assert httpx.get(server.url + "/readyz").json()["interaction_log_error"]
+
+    broker.run("start")
+    deadline = time.monotonic() + 90
+    while metric(server.url, "orl_interaction_log_buffered") > 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    on_topic = {i.request_id for i in server.interactions()}
+    assert set(served) <= on_topic, set(served) - on_topic
+    assert metric(server.url, "orl_interactions_dropped") == 0
