@@ -1,11 +1,12 @@
-"""The transformers + PEFT engine: batched generation on one base model with several LoRA adapters.
+"""The transformers engine: batched generation on one base model with several LoRA adapters.
 
-One worker thread owns the model. It takes every waiting request (up to `max_batch`), decodes them
-together step by step with a KV cache, and streams each step's tokens back to the asyncio side.
-Requests for different adapters share a batch: PEFT's mixed-adapter forward applies each row's
-adapter (`adapter_names`, "__base__" for the base model). Adapter loads and unloads run in the same
-thread between two decoding steps, so a swap never races a forward pass and never waits for a
-batch to finish.
+One worker thread owns the model and batches continuously: a new request is prefilled and merged
+into the running batch (KV caches left-padded to a common length) at the next step, finished rows
+leave it, and each step's tokens stream back to the asyncio side.
+Requests for different adapters share a batch: `MultiLora` adds each row's adapter delta to the
+targeted linear layers. An adapter is read from disk off the engine thread and installed by the
+engine thread between two decoding steps (a few dict writes), so a swap never races a forward
+pass, never waits for a batch to finish, and pauses decoding for well under a millisecond.
 
 This is the fallback engine (and the faster one on small CPU machines, see docs/serving.md).
 It knows nothing about HTTP, chat templates or the bus.
@@ -19,17 +20,18 @@ import logging
 import queue
 import secrets
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from online_rl.serving.engine import AdapterLoadError, Engine, EngineError, GenerationRequest, TokenDelta
+from online_rl.serving.multi_lora import MultiLora
 
 __all__ = ["TransformersEngine"]
 
 logger = logging.getLogger(__name__)
-_BASE = "__base__"
 
 
 @dataclass(eq=False)
@@ -40,11 +42,23 @@ class _Job:
     cancelled: bool = False
     generated: int = 0
     generator: Any = None
+    budget: int = 0
     done: bool = False
 
     def emit(self, item: TokenDelta | BaseException) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
             self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+
+@dataclass(eq=False)
+class _Running:
+    """The batch being decoded: one row per request, its KV cache, mask and next inputs."""
+
+    jobs: list[_Job]
+    cache: Any
+    mask: Any  # (rows, cached length): 1 where a row has a token, 0 for left padding
+    positions: Any  # (rows, 1): the position of each row's next input token
+    next_ids: Any  # (rows, 1): each row's last sampled token, the next input
 
 
 @dataclass(eq=False)
@@ -56,7 +70,7 @@ class _Command:
 
 
 class TransformersEngine(Engine):
-    """Batched, streaming generation with transformers and PEFT LoRA adapters."""
+    """Batched, streaming generation with transformers and PEFT-format LoRA adapters."""
 
     name = "transformers"
 
@@ -81,7 +95,7 @@ class TransformersEngine(Engine):
         base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         base.eval()
         self._model: Any = base
-        self._peft = False
+        self._lora = MultiLora(base)
         self._adapters: list[str] = []
         eos: set[int] = set()
         try:
@@ -137,12 +151,22 @@ class TransformersEngine(Engine):
                 f"{len(self._adapters)} adapters are loaded, the most this engine holds "
                 f"(inference.max_loras); unload one first"
             )
-        await self._call(lambda: self._load(name, path))
+        prepared = await asyncio.to_thread(MultiLora.prepare, Path(path))  # file IO off the engine
+
+        def install() -> None:
+            self._lora.install(name, prepared)
+            self._adapters.append(name)
+
+        await self._call(install)
 
     async def unload_adapter(self, name: str) -> None:
         if name not in self._adapters:
             raise AdapterLoadError(f"no adapter named {name!r} is loaded")
-        await self._call(lambda: self._unload(name))
+        def remove() -> None:
+            self._lora.remove(name)
+            self._adapters.remove(name)
+
+        await self._call(remove)
 
     async def close(self) -> None:
         if self._stopped:
@@ -160,70 +184,74 @@ class TransformersEngine(Engine):
     # -- the worker thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        pending: list[_Job] = []
+        """The scheduler: admit waiting requests into the running batch, step it, drop finished rows.
+
+        Continuous batching: a request that arrives while others are decoding is prefilled on its
+        own and merged into the running batch at the next step instead of waiting for it to end."""
+        running: _Running | None = None
+        waiting: deque[_Job] = deque()
         while True:
-            if not pending:
-                item = self._inbox.get()
-                if item is None:
+            if running is None and not waiting:
+                if not self._take(waiting, block=True):
                     return
-                if isinstance(item, _Command):
-                    self._execute(item)
-                    continue
-                pending.append(item)
-            pending = self._gather(pending)
-            batch = [job for job in pending[: self._max_batch] if not job.cancelled]
-            pending = pending[self._max_batch :]
-            if self._stopped:
-                for job in batch + pending:
-                    job.emit(EngineError("the engine is shutting down; retry on another replica"))
+                self._gather(waiting)
+            elif not self._take(waiting, block=False):
+                self._fail(running, waiting, "the engine is shutting down; retry on another replica")
                 return
-            if batch:
-                try:
-                    pending.extend(self._decode(batch))
-                except Exception as exc:  # a failed batch fails its requests, never the engine
-                    logger.exception("generation failed for %d requests", len(batch))
-                    for job in batch:
-                        if not job.done:
-                            job.emit(EngineError(f"generation failed: {exc}"))
-
-    def _gather(self, pending: list[_Job]) -> list[_Job]:
-        """Wait `batch_wait_s` for more requests so that close arrivals share a batch."""
-        deadline = self._batch_wait
-        while len(pending) < self._max_batch:
+            free = self._max_batch - (len(running.jobs) if running else 0)
+            admitted: list[_Job] = []
+            while waiting and len(admitted) < free:
+                job = waiting.popleft()
+                if not job.cancelled:
+                    admitted.append(job)
             try:
-                item = self._inbox.get(timeout=deadline) if deadline > 0 else self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                self._inbox.put(None)
-                break
-            if isinstance(item, _Command):
-                self._execute(item)
-            else:
-                pending.append(item)
-            deadline = 0
-        return pending
+                with self._torch.inference_mode():
+                    if admitted:
+                        running = self._merge(running, self._prefill(admitted))
+                    elif running is not None:
+                        self._step(running)
+                    running = self._prune(running)
+            except Exception as exc:  # a failed step fails its requests, never the engine
+                logger.exception("generation failed")
+                self._fail(running, deque(admitted), f"generation failed: {exc}")
+                running = None
 
-    def _poll_commands(self, keep: list[_Job]) -> None:
-        """Between two decoding steps: run adapter commands, queue new requests for later."""
+    def _take(self, waiting: deque[_Job], block: bool) -> bool:
+        """Move inbox items: requests to `waiting`, commands executed. False once closing."""
         while True:
             try:
-                item = self._inbox.get_nowait()
+                item = self._inbox.get() if block else self._inbox.get_nowait()
             except queue.Empty:
-                return
-            if item is None:  # closing: finish this batch first
-                self._inbox.put(None)
-                return
+                return True
+            block = False
+            if item is None:
+                return False
             if isinstance(item, _Command):
                 self._execute(item)
             else:
-                keep.append(item)
+                waiting.append(item)
+
+    def _gather(self, waiting: deque[_Job]) -> None:
+        """Wait `batch_wait_s` after a first request so that close arrivals share one prefill."""
+        if self._batch_wait <= 0 or len(waiting) >= self._max_batch:
+            return
+        try:
+            item = self._inbox.get(timeout=self._batch_wait)
+        except queue.Empty:
+            return
+        self._inbox.put(item)  # handled by the next `_take`, in order
+
+    def _fail(self, running: _Running | None, waiting: deque[_Job], message: str) -> None:
+        for job in (running.jobs if running else []) + list(waiting):
+            if not job.done:
+                job.done = True
+                job.emit(EngineError(message))
 
     def _execute(self, command: _Command) -> None:
         error: BaseException | None = None
         try:
-            # Commands may run between two decoding steps, inside inference mode; adapter weights
-            # made there would be "inference tensors" that PEFT cannot manage later.
+            # Commands run between two decoding steps; keep them out of inference mode so that
+            # nothing they create becomes an "inference tensor".
             with self._torch.inference_mode(False):
                 command.action()
         except Exception as exc:
@@ -231,90 +259,110 @@ class TransformersEngine(Engine):
         with contextlib.suppress(RuntimeError):
             command.loop.call_soon_threadsafe(_settle, command.future, error)
 
-    def _load(self, name: str, path: Path) -> None:
-        from peft import PeftModel
+    def _forward(self, ids: Any, mask: Any, positions: Any, cache: Any, jobs: list[_Job]) -> Any:
+        with self._lora.route([job.request.adapter for job in jobs]):
+            return self._model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                               past_key_values=cache, use_cache=True)
 
-        try:
-            if not self._peft:
-                self._model = PeftModel.from_pretrained(self._model, str(path), adapter_name=name)
-                self._peft = True
-            else:
-                self._model.load_adapter(str(path), adapter_name=name, is_trainable=False)
-        except Exception as exc:
-            self._discard(name)
-            raise AdapterLoadError(f"PEFT could not load the adapter in {path}: {exc}") from exc
-        self._model.eval()
-        self._adapters.append(name)
+    def _prefill(self, jobs: list[_Job]) -> _Running:
+        """Run the prompts of newly admitted `jobs` (left-padded together) and sample their first token."""
+        from transformers import DynamicCache
 
-    def _discard(self, name: str) -> None:
-        """Remove what a failed load left behind, so that serving is unchanged."""
-        if self._peft and name in self._model.peft_config:
-            with contextlib.suppress(Exception):
-                self._model.delete_adapter(name)
-
-    def _unload(self, name: str) -> None:
-        if len(self._adapters) == 1:
-            self._model = self._model.unload()  # back to the plain base model
-            self._peft = False
-        else:
-            # PEFT keeps one "active" adapter even though every forward here names its adapters;
-            # move it off the one being deleted first, or PEFT looks up the deleted name later.
-            if self._model.active_adapter == name:
-                self._model.set_adapter(next(a for a in self._adapters if a != name), inference_mode=True)
-            self._model.delete_adapter(name)
-        self._adapters.remove(name)
-
-    def _decode(self, jobs: list[_Job]) -> list[_Job]:
-        """Decode `jobs` together until each has finished (or was cancelled); returns the
-        requests that arrived meanwhile."""
         torch = self._torch
         for job in jobs:
             seed = job.request.sampling.seed
             job.generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
-        prompts = [job.request.prompt_token_ids for job in jobs]
-        width = max(len(p) for p in prompts)
+            job.budget = min(job.request.sampling.max_tokens,
+                             self._max_len - len(job.request.prompt_token_ids))
+        width = max(len(job.request.prompt_token_ids) for job in jobs)
         ids = torch.full((len(jobs), width), self._pad, dtype=torch.long)
         mask = torch.zeros((len(jobs), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left padding: every row's next token is at the end
+        for row, job in enumerate(jobs):  # left padding: every row's next token is at the end
+            prompt = job.request.prompt_token_ids
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        extra: dict[str, Any] = {}
-        if self._peft:
-            extra["adapter_names"] = [job.request.adapter or _BASE for job in jobs]
-        budgets = [min(job.request.sampling.max_tokens, self._max_len - len(job.request.prompt_token_ids))
-                   for job in jobs]
-        cache: Any = None
-        arrivals: list[_Job] = []
-        with torch.inference_mode():
-            while True:
-                out = self._model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                  past_key_values=cache, use_cache=True, **extra)
-                cache = out.past_key_values
-                logits = out.logits[:, -1, :].float()
-                tokens, logprobs = self._sample(jobs, logits)
-                for row, job in enumerate(jobs):
-                    if job.done:
-                        continue
-                    if job.cancelled:
-                        job.done = True
-                        continue
-                    token = tokens[row]
-                    job.generated += 1
-                    reason = None
-                    if token in self._eos:
-                        reason = "stop"
-                    elif job.generated >= budgets[row]:
-                        reason = "length"
-                    job.done = reason is not None
-                    job.emit(TokenDelta([token], [logprobs[row]], reason))
-                if all(job.done for job in jobs):
-                    break
-                self._poll_commands(arrivals)
-                ids = torch.tensor(tokens, dtype=torch.long).unsqueeze(1)
-                mask = torch.cat([mask, torch.ones((len(jobs), 1), dtype=torch.long)], dim=1)
-                positions = positions[:, -1:] + 1
-        return arrivals
+        cache = DynamicCache()
+        out = self._forward(ids, mask, positions, cache, jobs)
+        batch = _Running(jobs, out.past_key_values, mask, positions[:, -1:] + 1, ids[:, -1:])
+        self._emit(batch, out.logits[:, -1, :].float())
+        return batch
+
+    def _step(self, batch: _Running) -> None:
+        """One decoding step of every running row."""
+        torch = self._torch
+        batch.mask = torch.cat([batch.mask, torch.ones((len(batch.jobs), 1), dtype=torch.long)], dim=1)
+        out = self._forward(batch.next_ids, batch.mask, batch.positions, batch.cache, batch.jobs)
+        batch.cache = out.past_key_values
+        batch.positions = batch.positions + 1
+        self._emit(batch, out.logits[:, -1, :].float())
+
+    def _emit(self, batch: _Running, logits: Any) -> None:
+        """Sample each row's next token from `logits` and stream it to its request."""
+        tokens, logprobs = self._sample(batch.jobs, logits)
+        for row, job in enumerate(batch.jobs):
+            if job.done:
+                continue
+            if job.cancelled:
+                job.done = True
+                continue
+            token = tokens[row]
+            job.generated += 1
+            reason = None
+            if token in self._eos:
+                reason = "stop"
+            elif job.generated >= job.budget:
+                reason = "length"
+            job.done = reason is not None
+            job.emit(TokenDelta([token], [logprobs[row]], reason))
+        batch.next_ids = self._torch.tensor(tokens, dtype=self._torch.long).unsqueeze(1)
+
+    def _merge(self, running: _Running | None, new: _Running) -> _Running:
+        """One batch of both: caches and masks left-padded to a common length, then stacked."""
+        if running is None:
+            return new
+        torch = self._torch
+        length = max(running.mask.shape[1], new.mask.shape[1])
+
+        def pad(t: Any, to: int) -> Any:  # zeros on the left of the sequence dimension (-2 or -1)
+            missing = to - (t.shape[-2] if t.dim() == 4 else t.shape[-1])
+            if missing == 0:
+                return t
+            shape = list(t.shape)
+            shape[-2 if t.dim() == 4 else -1] = missing
+            return torch.cat([t.new_zeros(shape), t], dim=-2 if t.dim() == 4 else -1)
+
+        for mine, theirs in zip(running.cache.layers, new.cache.layers, strict=True):
+            mine.keys = torch.cat([pad(mine.keys, length), pad(theirs.keys, length)])
+            mine.values = torch.cat([pad(mine.values, length), pad(theirs.values, length)])
+        running.mask = torch.cat([pad(running.mask, length), pad(new.mask, length)])
+        running.positions = torch.cat([running.positions, new.positions])
+        running.next_ids = torch.cat([running.next_ids, new.next_ids])
+        running.jobs = running.jobs + new.jobs
+        return running
+
+    def _prune(self, batch: _Running | None) -> _Running | None:
+        """Drop finished rows, and the padding columns no remaining row needs."""
+        if batch is None:
+            return None
+        keep = [row for row, job in enumerate(batch.jobs) if not job.done]
+        if not keep:
+            return None
+        torch = self._torch
+        if len(keep) < len(batch.jobs):
+            index = torch.tensor(keep, dtype=torch.long)
+            batch.cache.batch_select_indices(index)
+            batch.mask = batch.mask[index]
+            batch.positions = batch.positions[index]
+            batch.next_ids = batch.next_ids[index]
+            batch.jobs = [batch.jobs[row] for row in keep]
+        start = int(batch.mask.any(dim=0).int().argmax())
+        if start > 0:
+            batch.mask = batch.mask[:, start:]
+            for layer in batch.cache.layers:
+                layer.keys = layer.keys[:, :, start:, :]
+                layer.values = layer.values[:, :, start:, :]
+        return batch
 
     def _sample(self, jobs: list[_Job], logits: Any) -> tuple[list[int], list[float]]:
         torch = self._torch

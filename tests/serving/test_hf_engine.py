@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -92,8 +93,16 @@ async def test_a_failed_load_leaves_serving_unchanged(
     broken.mkdir()
     (broken / "adapter_config.json").write_text("{not json")
     (broken / "adapter_model.safetensors").write_bytes(b"garbage")
-    with pytest.raises(AdapterLoadError, match="could not load"):
+    with pytest.raises(AdapterLoadError, match="cannot read the adapter"):
         await engine.load_adapter("bad", broken)
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    for item in adapters[1].iterdir():
+        dora.joinpath(item.name).write_bytes(item.read_bytes())
+    config = json.loads((dora / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps(config | {"use_dora": True}))
+    with pytest.raises(AdapterLoadError, match="use_dora.*train a plain LoRA"):
+        await engine.load_adapter("dora", dora)
     assert engine.adapters() == ["a0"]
     assert await complete(engine, PROMPTS[1], "a0") == before
     with pytest.raises(AdapterLoadError, match="already loaded"):
@@ -125,3 +134,32 @@ async def test_a_cancelled_stream_does_not_block_others(engine: TransformersEngi
     await stream.aclose()
     ids, _, reason = await complete(engine, PROMPTS[1], max_tokens=5)
     assert reason is not None and len(ids) <= 5
+
+
+async def test_requests_joining_a_running_batch_get_the_same_tokens_as_alone(
+    engine: TransformersEngine, adapters: list[Path]
+) -> None:
+    from online_rl.events import SamplingParams
+    from online_rl.serving import GenerationRequest
+
+    await engine.load_adapter("a0", adapters[0])
+    alone = [await complete(engine, PROMPTS[0], max_tokens=20),
+             await complete(engine, PROMPTS[2], "a0", max_tokens=6),
+             await complete(engine, PROMPTS[1], max_tokens=9)]
+    first = engine.generate(GenerationRequest("long", PROMPTS[0], SamplingParams(temperature=0.0,
+                                                                                 max_tokens=20)))
+    tokens, logprobs = [], []
+    late: list[asyncio.Task[tuple[list[int], list[float], str | None]]] = []
+    async for delta in first:  # others join (a longer prompt, an adapter) and leave mid-stream
+        tokens += delta.token_ids
+        logprobs += delta.logprobs
+        if len(tokens) == 3:
+            late.append(asyncio.create_task(complete(engine, PROMPTS[2], "a0", max_tokens=6, request_id="x")))
+        if len(tokens) == 5:
+            late.append(asyncio.create_task(complete(engine, PROMPTS[1], max_tokens=9, request_id="y")))
+    joined = await asyncio.gather(*late)
+    assert tokens == alone[0][0]
+    assert torch.allclose(torch.tensor(logprobs), torch.tensor(alone[0][1]), atol=1e-4)
+    for got, expected in zip(joined, alone[1:], strict=True):
+        assert got[0] == expected[0]
+        assert torch.allclose(torch.tensor(got[1]), torch.tensor(expected[1]), atol=1e-4)
