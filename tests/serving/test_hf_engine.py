@@ -101,7 +101,7 @@ async def test_a_failed_load_leaves_serving_unchanged(
         dora.joinpath(item.name).write_bytes(item.read_bytes())
     config = json.loads((dora / "adapter_config.json").read_text())
     (dora / "adapter_config.json").write_text(json.dumps(config | {"use_dora": True}))
-    with pytest.raises(AdapterLoadError, match="use_dora.*train a plain LoRA"):
+    with pytest.raises(AdapterLoadError, match=r"use_dora.*train a plain LoRA"):
         await engine.load_adapter("dora", dora)
     assert engine.adapters() == ["a0"]
     assert await complete(engine, PROMPTS[1], "a0") == before

@@ -32,7 +32,8 @@ def test_versions_load_from_mlflow_by_number_and_alias_and_tampering_is_refused(
     client = mlflow_client(settings)
     client.set_registered_model_alias("policy", "champion", "1")
 
-    by_number = server.admin("POST", "/admin/adapters", json={"source": "models:/policy/1", "alias": "policy"})
+    by_number = server.admin("POST", "/admin/adapters",
+                             json={"source": "models:/policy/1", "alias": "policy"})
     assert by_number.status_code == 201, by_number.text
     assert by_number.json()["name"] == "policy-v1"
     by_alias = server.admin("POST", "/admin/adapters", json={"source": "models:/policy@champion"})
