@@ -101,33 +101,35 @@ class InferenceCore:
                                 f"{limit - len(ids)}", "max_tokens")
         return Prepared(request_id or new_request_id(), user_id, session_id, model, messages, ids, sampling)
 
-    async def stream(self, prep: Prepared) -> AsyncIterator[tuple[str | None, Chunk]]:
+    async def stream(self, prep: Prepared, incremental: bool = True
+                     ) -> AsyncIterator[tuple[str | None, Chunk]]:
         """Yield (version, chunk) pairs; the version (None = base) is fixed for the whole request.
+        Without `incremental` the text comes in one chunk at the end (no per-token decoding).
         The interaction is logged when the completion finishes."""
         started = time.perf_counter()
         with self.adapters.lease(prep.model) as version:
             request = GenerationRequest(prep.request_id, prep.prompt_token_ids, prep.sampling, version)
-            text = IncrementalText(self.tokenizer)
+            text = IncrementalText(self.tokenizer) if incremental else None
             token_ids: list[int] = []
             logprobs: list[float] = []
             async for delta in self.engine.generate(request):
                 token_ids += delta.token_ids
                 logprobs += delta.logprobs
-                piece = text.push(delta.token_ids)
                 if delta.finish_reason is None:
+                    piece = text.push(delta.token_ids) if text is not None else ""
                     if piece:
                         yield version, Chunk(piece)
                     continue
-                piece += text.flush()
+                completion = str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+                piece = text.push(delta.token_ids) + text.flush() if text is not None else completion
                 yield version, Chunk(piece, delta.finish_reason, len(prep.prompt_token_ids), len(token_ids))
-                self._record(prep, version, token_ids, logprobs, delta.finish_reason, started)
+                self._record(prep, version, completion, token_ids, logprobs, delta.finish_reason, started)
                 return
 
-    def _record(self, prep: Prepared, version: str | None, token_ids: list[int], logprobs: list[float],
-                finish_reason: str, started: float) -> None:
+    def _record(self, prep: Prepared, version: str | None, completion: str, token_ids: list[int],
+                logprobs: list[float], finish_reason: str, started: float) -> None:
         if self.log is None:
             return
-        completion = str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
         self.log.log(Interaction(
             request_id=prep.request_id, user_id=prep.user_id, session_id=prep.session_id,
             created_at=prep.created_at, model=self.base_model, adapter_version=version,

@@ -73,7 +73,7 @@ async def _complete(service: InferenceService, prep: Prepared, chat: bool) -> JS
     version: str | None = None
     first: float | None = None
     try:
-        async for served_by, chunk in service.core.stream(prep):
+        async for served_by, chunk in service.core.stream(prep, incremental=False):
             version = served_by
             first = first or time.perf_counter()
             parts.append(chunk.text)
