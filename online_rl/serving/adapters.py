@@ -25,7 +25,7 @@ from pathlib import Path
 
 from online_rl.errors import OnlineRLError
 from online_rl.registry import AdapterRejected, LineageManifest, verify_adapter_dir
-from online_rl.serving.engine import AdapterLoadError, Engine
+from online_rl.serving.engine import Engine
 
 __all__ = ["AdapterInfo", "AdapterManager", "AdapterSource", "UnknownModel", "VersionConflict"]
 
@@ -129,6 +129,9 @@ class AdapterManager:
             self._check_alias(alias)
         async with self._lock:
             folder, version = await asyncio.to_thread(self._fetch, src, name)
+            if version == self.base_model or version in self._aliases or version == alias:
+                raise VersionConflict(f"{version!r} is already the base model's or an alias's name; "
+                                      "choose another version name")
             manifest = await asyncio.to_thread(verify_adapter_dir, folder, self.base_model)
             known = self._known.get(version)
             if known is not None and known != manifest.adapter_sha256:
@@ -137,6 +140,8 @@ class AdapterManager:
                     "names are immutable: register the new weights as a new version"
                 )
             info = self._versions.get(version)
+            if info is not None and info.draining:
+                raise VersionConflict(f"{version} is being unloaded; load it again once that finished")
             if info is None:
                 await self._engine.load_adapter(version, folder)
                 info = AdapterInfo(version, manifest.adapter_sha256, src.uri, manifest)
@@ -165,33 +170,36 @@ class AdapterManager:
         logger.info("alias %s: %s -> %s", alias, previous, name)
 
     async def unload(self, name: str, timeout_s: float = 60.0) -> None:
-        """Stop new requests on `name`, wait for its in-flight requests, then free it."""
+        """Stop new requests on `name`, wait for its in-flight requests, then free it. The wait
+        does not hold the manager's lock: aliases can move (a rollback) while a version drains."""
         async with self._lock:
             info = self._versions.get(name)
-            if info is None:
-                raise UnknownModel(f"version {name!r} is not loaded")
+            if info is None or info.draining:
+                raise UnknownModel(f"version {name!r} is not loaded (or is already being unloaded)")
             pointing = sorted(alias for alias, target in self._aliases.items() if target == name)
             if pointing:
                 raise VersionConflict(
                     f"alias {', '.join(pointing)} still points at {name}; point it at another version "
                     "(or delete the alias) before unloading"
                 )
-            info.draining = True
+            info.draining = True  # `resolve` and `_point` refuse it from now on
+        unloaded = False
+        try:
             deadline = time.monotonic() + timeout_s
             while info.in_flight > 0:
                 if time.monotonic() > deadline:
-                    info.draining = False
                     raise VersionConflict(
                         f"{info.in_flight} requests still run on {name} after {timeout_s:g}s; try again"
                     )
                 await asyncio.sleep(0.01)
-            try:
+            async with self._lock:
                 await self._engine.unload_adapter(name)
-            except AdapterLoadError:
-                info.draining = False
-                raise
-            del self._versions[name]
+                del self._versions[name]
+                unloaded = True
             logger.info("unloaded adapter %s", name)
+        finally:
+            if not unloaded:
+                info.draining = False
 
     async def delete_alias(self, alias: str) -> None:
         async with self._lock:
@@ -207,7 +215,10 @@ class AdapterManager:
             if name is None:
                 raise AdapterRejected("a local adapter needs a version name (field `name`)")
             _check_name(name)
-            return folder, name
+            if not folder.is_dir():
+                raise AdapterRejected(f"{folder} is not a folder; give the adapter's folder")
+            # Verify and load a private copy, so that nobody can change the files in between.
+            return self._private_copy(folder, name), name
         match = _MODELS_URI.match(src.uri)
         if match is None:
             raise AdapterRejected(f"{src.uri!r} is not an MLflow model URI; use models:/<name>/<version> "
@@ -217,6 +228,14 @@ class AdapterManager:
         if name is not None and name != serving_name:
             raise AdapterRejected(f"an MLflow version is served as {serving_name!r}; leave `name` empty")
         return self._download(f"models:/{match['name']}/{version}", serving_name), serving_name
+
+    def _private_copy(self, folder: Path, name: str) -> Path:
+        dest = self._download_dir / "local" / name
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(folder, dest, symlinks=False)
+        return dest
 
     def _alias_version(self, registered: str, alias: str) -> str:
         from mlflow import MlflowClient

@@ -8,9 +8,11 @@ parameters, version) to the interaction logger. The service layer only maps HTTP
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,8 @@ from online_rl.serving.interaction_log import InteractionLogger
 from online_rl.serving.text import IncrementalText
 
 __all__ = ["Chunk", "InferenceCore", "PromptTooLong", "new_request_id"]
+
+logger = logging.getLogger(__name__)
 
 
 class PromptTooLong(OnlineRLError):
@@ -76,7 +80,7 @@ class InferenceCore:
 
     def prepare(self, *, model: str, sampling: SamplingParams, user_id: str, session_id: str | None,
                 messages: list[Message] | None = None, prompt: str | None = None,
-                request_id: str | None = None) -> Prepared:
+                request_id: str | None = None, max_tokens_unset: bool = False) -> Prepared:
         """Tokenize a chat (`messages`, with the chat template) or a raw `prompt`; check lengths."""
         self.adapters.resolve(model)  # unknown models fail before any work
         if messages is not None:
@@ -95,6 +99,8 @@ class InferenceCore:
         if len(ids) >= limit:
             raise PromptTooLong(f"the {field_name} has {len(ids)} tokens; this model takes at most "
                                 f"{limit - 1} (inference.max_model_len)", field_name)
+        if max_tokens_unset:  # like OpenAI: without max_tokens, up to what the context allows
+            sampling = sampling.model_copy(update={"max_tokens": min(sampling.max_tokens, limit - len(ids))})
         if len(ids) + sampling.max_tokens > limit:
             raise PromptTooLong(f"{len(ids)} prompt tokens + max_tokens {sampling.max_tokens} exceed the "
                                 f"context of {limit} tokens; lower max_tokens to at most "
@@ -102,7 +108,7 @@ class InferenceCore:
         return Prepared(request_id or new_request_id(), user_id, session_id, model, messages, ids, sampling)
 
     async def stream(self, prep: Prepared, incremental: bool = True
-                     ) -> AsyncIterator[tuple[str | None, Chunk]]:
+                     ) -> AsyncGenerator[tuple[str | None, Chunk], None]:
         """Yield (version, chunk) pairs; the version (None = base) is fixed for the whole request.
         Without `incremental` the text comes in one chunk at the end (no per-token decoding).
         The interaction is logged when the completion finishes."""
@@ -112,29 +118,37 @@ class InferenceCore:
             text = IncrementalText(self.tokenizer) if incremental else None
             token_ids: list[int] = []
             logprobs: list[float] = []
-            async for delta in self.engine.generate(request):
-                token_ids += delta.token_ids
-                logprobs += delta.logprobs
-                if delta.finish_reason is None:
-                    piece = text.push(delta.token_ids) if text is not None else ""
-                    if piece:
-                        yield version, Chunk(piece)
-                    continue
-                completion = str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
-                piece = text.push(delta.token_ids) + text.flush() if text is not None else completion
-                yield version, Chunk(piece, delta.finish_reason, len(prep.prompt_token_ids), len(token_ids))
-                self._record(prep, version, completion, token_ids, logprobs, delta.finish_reason, started)
-                return
+            async with contextlib.aclosing(self.engine.generate(request)) as deltas:
+                async for delta in deltas:
+                    token_ids += delta.token_ids
+                    logprobs += delta.logprobs
+                    if delta.finish_reason is None:
+                        piece = text.push(delta.token_ids) if text is not None else ""
+                        if piece:
+                            yield version, Chunk(piece)
+                        continue
+                    completion = str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+                    piece = text.push(delta.token_ids) + text.flush() if text is not None else completion
+                    yield version, Chunk(piece, delta.finish_reason, len(prep.prompt_token_ids),
+                                         len(token_ids))
+                    self._record(prep, version, completion, token_ids, logprobs, delta.finish_reason, started)
+                    return
 
     def _record(self, prep: Prepared, version: str | None, completion: str, token_ids: list[int],
                 logprobs: list[float], finish_reason: str, started: float) -> None:
         if self.log is None:
             return
-        self.log.log(Interaction(
+        try:
+            interaction = Interaction(
             request_id=prep.request_id, user_id=prep.user_id, session_id=prep.session_id,
             created_at=prep.created_at, model=self.base_model, adapter_version=version,
             sampling=prep.sampling, prompt=prep.messages, prompt_token_ids=prep.prompt_token_ids,
             completion=completion, completion_token_ids=token_ids,
             completion_logprobs=[max(v, -1e30) for v in logprobs], finish_reason=finish_reason,
             latency_ms=(time.perf_counter() - started) * 1000.0,
-        ))
+            )
+        except ValueError:  # the answer was served; never fail it for its log record
+            logger.exception("interaction %s could not be recorded", prep.request_id)
+            self.log.stats.dropped += 1
+            return
+        self.log.log(interaction)

@@ -12,7 +12,7 @@ top-p), which is what a trainer recomputes with a forward pass of the same weigh
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +64,7 @@ class Engine(abc.ABC):
         """Finish starting inside the service's event loop (vLLM starts its engine core here)."""
 
     @abc.abstractmethod
-    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenDelta, None]:
         """Stream the completion of `request`; cancelling the iteration aborts the request."""
 
     @abc.abstractmethod

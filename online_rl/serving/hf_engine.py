@@ -21,7 +21,7 @@ import queue
 import secrets
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,7 +125,7 @@ class TransformersEngine(Engine):
     def adapters(self) -> list[str]:
         return list(self._adapters)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenDelta, None]:
         if self._stopped:
             raise EngineError("the engine is closed")
         if request.adapter is not None and request.adapter not in self._adapters:
@@ -176,6 +176,8 @@ class TransformersEngine(Engine):
         await asyncio.to_thread(self._thread.join, 30)
 
     async def _call(self, action: Callable[[], None]) -> None:
+        if self._stopped:
+            raise AdapterLoadError("the engine is closed")
         loop = asyncio.get_running_loop()
         command = _Command(action, loop.create_future(), loop)
         self._inbox.put(command)
@@ -192,11 +194,13 @@ class TransformersEngine(Engine):
         waiting: deque[_Job] = deque()
         while True:
             if running is None and not waiting:
-                if not self._take(waiting, block=True):
-                    return
-                self._gather(waiting)
-            elif not self._take(waiting, block=False):
-                self._fail(running, waiting, "the engine is shutting down; retry on another replica")
+                alive = self._take(waiting, block=True)
+                if alive:
+                    alive = self._gather(waiting)
+            else:
+                alive = self._take(waiting, block=False)
+            if not alive:
+                self._shutdown(running, waiting)
                 return
             free = self._max_batch - (len(running.jobs) if running else 0)
             admitted: list[_Job] = []
@@ -204,17 +208,21 @@ class TransformersEngine(Engine):
                 job = waiting.popleft()
                 if not job.cancelled:
                     admitted.append(job)
-            try:
-                with self._torch.inference_mode():
-                    if admitted:
+            with self._torch.inference_mode():
+                if admitted:
+                    try:
                         running = self._merge(running, self._prefill(admitted))
-                    elif running is not None:
+                    except Exception as exc:  # a failed prefill fails the newcomers only
+                        logger.exception("prefill failed")
+                        self._fail(None, deque(admitted), f"generation failed: {exc}")
+                elif running is not None:
+                    try:
                         self._step(running)
-                    running = self._prune(running)
-            except Exception as exc:  # a failed step fails its requests, never the engine
-                logger.exception("generation failed")
-                self._fail(running, deque(admitted), f"generation failed: {exc}")
-                running = None
+                    except Exception as exc:  # a failed step fails its requests, never the engine
+                        logger.exception("generation failed")
+                        self._fail(running, deque(), f"generation failed: {exc}")
+                        running = None
+                running = self._prune(running)
 
     def _take(self, waiting: deque[_Job], block: bool) -> bool:
         """Move inbox items: requests to `waiting`, commands executed. False once closing."""
@@ -231,15 +239,36 @@ class TransformersEngine(Engine):
             else:
                 waiting.append(item)
 
-    def _gather(self, waiting: deque[_Job]) -> None:
+    def _gather(self, waiting: deque[_Job]) -> bool:
         """Wait `batch_wait_s` after a first request so that close arrivals share one prefill."""
         if self._batch_wait <= 0 or len(waiting) >= self._max_batch:
-            return
+            return True
         try:
             item = self._inbox.get(timeout=self._batch_wait)
         except queue.Empty:
-            return
-        self._inbox.put(item)  # handled by the next `_take`, in order
+            return True
+        if item is None:
+            return False
+        if isinstance(item, _Command):
+            self._execute(item)
+        else:
+            waiting.append(item)
+        return self._take(waiting, block=False)
+
+    def _shutdown(self, running: _Running | None, waiting: deque[_Job]) -> None:
+        """Answer everything still queued: requests fail, commands are refused."""
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Job):
+                waiting.append(item)
+            elif isinstance(item, _Command):
+                with contextlib.suppress(RuntimeError):
+                    item.loop.call_soon_threadsafe(
+                        _settle, item.future, AdapterLoadError("the engine is shutting down"))
+        self._fail(running, waiting, "the engine is shutting down; retry on another replica")
 
     def _fail(self, running: _Running | None, waiting: deque[_Job], message: str) -> None:
         for job in (running.jobs if running else []) + list(waiting):
@@ -262,7 +291,7 @@ class TransformersEngine(Engine):
     def _forward(self, ids: Any, mask: Any, positions: Any, cache: Any, jobs: list[_Job]) -> Any:
         with self._lora.route([job.request.adapter for job in jobs]):
             return self._model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                               past_key_values=cache, use_cache=True)
+                               past_key_values=cache, use_cache=True, logits_to_keep=1)
 
     def _prefill(self, jobs: list[_Job]) -> _Running:
         """Run the prompts of newly admitted `jobs` (left-padded together) and sample their first token."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ class InteractionLogger:
         """Queue `interaction` for the bus; False when the buffer is full and it was dropped."""
         record = (interaction.request_id.encode(), encode(interaction))
         with self._cond:
-            if len(self._buffer) >= self._max:
+            if len(self._buffer) >= self._max or not self._thread.is_alive():
                 self.stats.dropped += 1
                 return False
             self._buffer.append(record)
@@ -85,7 +86,10 @@ class InteractionLogger:
                 with self._cond:
                     if self._closing and backoff >= self._max_backoff:
                         return  # give up at shutdown once retries have had their time
-                    self._cond.wait(backoff)
+                    # New records notify the condition: wait out the backoff regardless.
+                    deadline = time.monotonic() + backoff
+                    while not self._closing and (left := deadline - time.monotonic()) > 0:
+                        self._cond.wait(left)
                 backoff = min(backoff * 2, self._max_backoff)
                 continue
             backoff = 0.1

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ class VllmEngine(Engine):
             raise EngineError("the vLLM engine is not started (or was closed)")
         return self._llm
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenDelta, None]:
         from vllm import SamplingParams
         from vllm.inputs import tokens_input
         from vllm.sampling_params import RequestOutputKind
@@ -100,8 +100,10 @@ class VllmEngine(Engine):
                                                                         strict=True)]
                 reason = completion.finish_reason if output.finished else None
                 finished = output.finished
+                if reason == "abort":  # not a finished answer: never report it as one
+                    raise EngineError("vLLM aborted the request (engine shutting down?); retry")
                 if token_ids or reason is not None:
-                    yield TokenDelta(token_ids, logprobs, "stop" if reason == "abort" else reason)
+                    yield TokenDelta(token_ids, logprobs, reason)
         except EngineError:
             raise
         except Exception as exc:

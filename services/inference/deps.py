@@ -29,9 +29,12 @@ def _verify(service: InferenceService, authorization: str | None, scope: str) ->
                        "missing or unknown API key; send `Authorization: Bearer <key>` with a key made by "
                        "`online-rl keys new` (the openai client sends its api_key this way)",
                        code="invalid_api_key")
-    if not key.allows(scope):
+    # Admin is never implied: a key made without scopes may generate but not load adapters.
+    allowed = scope in key.scopes if scope == "admin" else key.allows(scope)
+    if not allowed:
+        hint = "" if scope == "admin" else " (or no scopes)"
         raise ApiError(403, "permission_error", f"this API key lacks the '{scope}' scope; use a key whose "
-                       f"entry lists '{scope}' (or no scopes)", code="insufficient_scope")
+                       f"entry lists '{scope}'{hint}", code="insufficient_scope")
     return key
 
 

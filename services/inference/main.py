@@ -53,9 +53,9 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         yield
-        await asyncio.to_thread(log.close)
-        if close_engine:
+        if close_engine:  # first the engine (no more answers), then the log (write what is left)
             await engine.close()
+        await asyncio.to_thread(log.close)
         if own_bus:
             service_bus.close()
 

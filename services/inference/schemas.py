@@ -5,6 +5,7 @@ Fields the server does not implement are refused by name rather than silently ig
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -20,6 +21,7 @@ __all__ = [
     "StreamOptions",
 ]
 
+_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 UserId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/+=-]+$")]
 
 
@@ -35,6 +37,14 @@ class TextPart(_Strict):
 class ChatMessageIn(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[TextPart] = Field(description="Text, or a list of text parts.")
+
+    @field_validator("content")
+    @classmethod
+    def _not_huge(cls, value: str | list[TextPart]) -> str | list[TextPart]:
+        size = len(value) if isinstance(value, str) else sum(len(p.text) for p in value)
+        if size > 200_000:
+            raise ValueError("a message holds at most 200,000 characters; shorten it")
+        return value
     name: str | None = None
 
     def to_message(self) -> Message:
@@ -68,6 +78,9 @@ class _Sampling(_Strict):
             len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items()))
         if too_big:
             raise ValueError("metadata takes at most 16 keys of <= 64 characters with values of <= 512")
+        session = (value or {}).get("session_id")
+        if session is not None and not _ID.fullmatch(session):
+            raise ValueError("metadata.session_id must be 1-128 letters, digits or ._:@/+=- characters")
         return value
 
 
@@ -86,7 +99,7 @@ class ChatRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: str = Field(min_length=1, max_length=1_000_000)
+    prompt: str = Field(min_length=1, max_length=200_000)
     max_tokens: int | None = Field(default=16, ge=1)
 
 

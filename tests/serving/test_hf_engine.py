@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,6 +26,26 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [100, 200, 300, 400, 500, 600, 700]]
 @pytest.fixture
 async def engine(tiny_model: Path) -> AsyncIterator[TransformersEngine]:
     made = TransformersEngine(tiny_model, max_batch=8, max_model_len=64, max_loras=2)
+    seen: list[Any] = []  # the engine's view of each request, to check what it did with them
+    put = made._inbox.put
+
+    def spy(item: Any) -> None:
+        if item is not None and hasattr(item, "request"):
+            seen.append(item)
+        put(item)
+
+    made._inbox.put = spy  # type: ignore[method-assign]
+    made._inbox_seen = seen  # type: ignore[attr-defined]
+    merges: list[int] = []
+    merge = made._merge
+
+    def counting(running: Any, new: Any) -> Any:
+        if running is not None:
+            merges.append(len(running.jobs))
+        return merge(running, new)
+
+    made._merge = counting  # type: ignore[method-assign]
+    made._merges = merges  # type: ignore[attr-defined]
     yield made
     await made.close()
 
@@ -124,16 +145,18 @@ async def test_unloading_every_adapter_returns_to_the_base_model(
     assert await complete(engine, PROMPTS[0]) == base
 
 
-async def test_a_cancelled_stream_does_not_block_others(engine: TransformersEngine) -> None:
+async def test_a_cancelled_stream_stops_costing_compute(engine: TransformersEngine) -> None:
     from online_rl.events import SamplingParams
     from online_rl.serving import GenerationRequest
 
     stream = engine.generate(GenerationRequest("gone", PROMPTS[0], SamplingParams(temperature=0.0,
-                                                                                  max_tokens=40)))
+                                                                                  max_tokens=60)))
     await stream.__anext__()
+    job = next(j for j in engine._inbox_seen if j.request.request_id == "gone")
     await stream.aclose()
     ids, _, reason = await complete(engine, PROMPTS[1], max_tokens=5)
     assert reason is not None and len(ids) <= 5
+    assert job.done and job.generated < 20  # dropped from the batch, not decoded to 60 tokens
 
 
 async def test_requests_joining_a_running_batch_get_the_same_tokens_as_alone(
@@ -158,6 +181,7 @@ async def test_requests_joining_a_running_batch_get_the_same_tokens_as_alone(
         if len(tokens) == 5:
             late.append(asyncio.create_task(complete(engine, PROMPTS[1], max_tokens=9, request_id="y")))
     joined = await asyncio.gather(*late)
+    assert engine._merges, "the late requests never joined a running batch"  # type: ignore[attr-defined]
     assert tokens == alone[0][0]
     assert torch.allclose(torch.tensor(logprobs), torch.tensor(alone[0][1]), atol=1e-4)
     for got, expected in zip(joined, alone[1:], strict=True):

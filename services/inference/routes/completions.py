@@ -6,7 +6,9 @@ and names in `model` the version that produced it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,7 +17,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from online_rl.events import SamplingParams
-from online_rl.serving import Chunk, EngineError, Prepared
+from online_rl.serving import Chunk, EngineError, Prepared, UnknownModel
 from services.inference.deps import CallerDep, ServiceDep
 from services.inference.errors import error_body
 from services.inference.schemas import ChatRequest, CompletionRequest, usage
@@ -23,6 +25,7 @@ from services.inference.service import InferenceService
 
 __all__ = ["router"]
 
+logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["completions"])
 _ANONYMOUS = "anonymous"
 
@@ -36,7 +39,7 @@ def _prepare(service: InferenceService, body: ChatRequest | CompletionRequest) -
                               max_tokens=max_tokens or config.max_tokens_default, seed=body.seed)
     session = (body.metadata or {}).get("session_id")
     common: dict[str, Any] = {"model": body.model, "sampling": sampling, "user_id": body.user or _ANONYMOUS,
-                              "session_id": session}
+                              "session_id": session, "max_tokens_unset": max_tokens is None}
     if isinstance(body, ChatRequest):
         return service.core.prepare(messages=[m.to_message() for m in body.messages], **common)
     return service.core.prepare(prompt=body.prompt, **common)
@@ -73,11 +76,12 @@ async def _complete(service: InferenceService, prep: Prepared, chat: bool) -> JS
     version: str | None = None
     first: float | None = None
     try:
-        async for served_by, chunk in service.core.stream(prep, incremental=False):
-            version = served_by
-            first = first or time.perf_counter()
-            parts.append(chunk.text)
-            last = chunk
+        async with contextlib.aclosing(service.core.stream(prep, incremental=False)) as chunks:
+            async for served_by, chunk in chunks:
+                version = served_by
+                first = first or time.perf_counter()
+                parts.append(chunk.text)
+                last = chunk
     except EngineError:
         service.metrics.requests.labels(version or "base", "error").inc()
         raise
@@ -117,18 +121,24 @@ def _stream(service: InferenceService, prep: Prepared, chat: bool, include_usage
         started, first = time.perf_counter(), None
         served, sent_role, last = base, False, Chunk("")
         try:
-            async for version, chunk in service.core.stream(prep):
-                served = version or base
-                if chat and not sent_role:
-                    yield frame(served, "", None, role=True)
-                    sent_role = True
-                first = first or time.perf_counter()
-                last = chunk
-                if chunk.text or chunk.finish_reason:
-                    yield frame(served, chunk.text, chunk.finish_reason)
-        except EngineError as exc:
+            async with contextlib.aclosing(service.core.stream(prep)) as chunks:
+                async for version, chunk in chunks:
+                    served = version or base
+                    if chat and not sent_role:
+                        yield frame(served, "", None, role=True)
+                        sent_role = True
+                    first = first or time.perf_counter()
+                    last = chunk
+                    if chunk.text or chunk.finish_reason:
+                        yield frame(served, chunk.text, chunk.finish_reason)
+        except Exception as exc:  # headers are sent: report the error in the stream
             service.metrics.requests.labels(served, "error").inc()
-            yield event(error_body(f"generation failed: {exc}; retry", "engine_error"))
+            error_kind = "engine_error" if isinstance(exc, EngineError) else "server_error"
+            if isinstance(exc, UnknownModel):
+                error_kind = "invalid_request_error"
+            else:
+                logger.warning("stream %s failed: %s", prep.request_id, exc)
+            yield event(error_body(f"generation failed: {exc}", error_kind))
             yield b"data: [DONE]\n\n"
             return
         _observe(service, served, started, first, last.completion_tokens)

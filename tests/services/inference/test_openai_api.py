@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from online_rl.algos import completion_logprobs
 from online_rl.bus.kafka import KafkaBus
+from online_rl.ingest import ApiKeyStore, new_key
 from online_rl.models import EMBEDDED_MODEL_ID
 from tests.services.inference.conftest import Server, ServerFactory
 
@@ -122,13 +123,24 @@ def test_bad_requests_get_openai_errors(make_server: ServerFactory, tiny_model: 
     with pytest.raises(openai.BadRequestError) as unsupported:
         client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}], n=2)
     assert unsupported.value.body["param"] == "n"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as bad_session:
+        client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}],
+                                       metadata={"session_id": "has spaces"})
+    assert bad_session.value.body["param"] == "metadata"  # type: ignore[index]
+    fits = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}])
+    assert fits.usage is not None and fits.usage.total_tokens <= 64  # no max_tokens: what the context allows
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
     no_auth = httpx.post(server.url + "/admin/adapters", json={"source": "/tmp/x", "name": "v"})
     assert no_auth.status_code == 401 and no_auth.json()["error"]["type"] == "authentication_error"
     wrong_scope = httpx.get(server.url + "/admin/adapters", headers={"Authorization": f"Bearer {server.key}"})
     assert wrong_scope.status_code == 403 and "'admin' scope" in wrong_scope.json()["error"]["message"]
-    assert server.interactions() == []  # nothing was served, nothing logged
+    all_scopes_key, digest = new_key()  # a key without scopes may generate but never administer
+    server.app.state.service.keys = ApiKeyStore([digest])
+    scopeless = httpx.get(server.url + "/admin/adapters",
+                          headers={"Authorization": f"Bearer {all_scopes_key}"})
+    assert scopeless.status_code == 403
+    assert [i.request_id for i in wait_for_interactions(server, 1)] == [fits.id]  # refused: not logged
 
 
 def test_adapter_loads_are_verified_and_failures_change_nothing(
@@ -145,6 +157,8 @@ def test_adapter_loads_are_verified_and_failures_change_nothing(
     refused = server.admin("POST", "/admin/adapters", json={"source": str(tampered), "name": "p-v2",
                                                             "alias": "p"})
     assert refused.status_code == 422 and "only safetensors" in refused.json()["error"]["message"]
+    shadow = server.admin("POST", "/admin/adapters", json={"source": str(adapters[1]), "name": "p"})
+    assert shadow.status_code == 409 and "an alias's name" in shadow.json()["error"]["message"]
     reused = server.admin("POST", "/admin/adapters", json={"source": str(adapters[1]), "name": "p-v1"})
     assert reused.status_code == 409 and "immutable" in reused.json()["error"]["message"]
     listing = server.admin("GET", "/admin/adapters").json()
