@@ -89,3 +89,23 @@ def test_serve_feedback_refuses_to_start_without_keys(tmp_path: Path) -> None:
     result = _cli("serve", "feedback", ORL_CACHE_DIR=str(tmp_path), ORL_KAFKA__BOOTSTRAP_SERVERS="")
     assert result.returncode == 2
     assert "online-rl keys new" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_adapter_seal_then_verify_and_a_changed_file_is_named(tiny_model: Path, tmp_path: Path) -> None:
+    from tests.factories import lora_adapter
+
+    folder = lora_adapter(tiny_model, tmp_path / "hand-made", "tiny-llama", seal=False)
+    unsealed = _cli("adapter", "verify", str(folder))
+    assert unsealed.returncode == 2 and "no lineage.json" in unsealed.stderr
+    sealed = _cli("adapter", "seal", str(folder), "--base", "tiny-llama")
+    assert sealed.returncode == 0, sealed.stderr
+    assert _cli("adapter", "verify", str(folder), "--base", "tiny-llama").returncode == 0
+    (folder / "adapter_config.json").write_text((folder / "adapter_config.json").read_text() + " ")
+    changed = _cli("adapter", "verify", str(folder))
+    assert changed.returncode == 2 and "adapter_config.json has sha256" in changed.stderr
+
+
+def test_serve_inference_refuses_to_start_without_keys(tmp_path: Path) -> None:
+    result = _cli("serve", "inference", ORL_CACHE_DIR=str(tmp_path), ORL_KAFKA__BOOTSTRAP_SERVERS="")
+    assert result.returncode == 2
+    assert "inference.api_keys is empty" in result.stderr and "Traceback" not in result.stderr

