@@ -70,6 +70,39 @@ def kafka_bootstrap() -> Iterator[str]:
         subprocess.run(["bash", str(KAFKA_SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Broker:
+    """A broker of this test's own, which the test stops and restarts (same data)."""
+
+    def __init__(self) -> None:
+        port = _free_port()
+        self.env = {**os.environ, "ORL_KAFKA_PORT": str(port), "ORL_KAFKA_CONTROLLER_PORT": str(_free_port())}
+        self.bootstrap = f"127.0.0.1:{port}"
+
+    def run(self, action: str) -> None:
+        result = subprocess.run(["bash", str(KAFKA_SCRIPT), action], env=self.env, capture_output=True,
+                                text=True, timeout=180)
+        if result.returncode != 0:
+            log = Path(result.stderr.rsplit("see ", 1)[-1].strip().rstrip(";"))
+            tail = "\n".join(log.read_text().splitlines()[-40:]) if log.is_file() else ""
+            raise AssertionError(f"{result.stderr}\n{tail}")
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    own = Broker()
+    own.run("start")
+    yield own
+    own.run("reset")
+
+
 @pytest.fixture(scope="session")
 def base_settings() -> Settings:
     """The settings the suite runs with (environment and $ORL_CONFIG honoured)."""

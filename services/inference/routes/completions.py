@@ -48,21 +48,21 @@ def _prepare(service: InferenceService, body: ChatRequest | CompletionRequest) -
 @router.post("/chat/completions")
 async def chat_completions(body: ChatRequest, service: ServiceDep, caller: CallerDep) -> Any:
     """Answer a chat. `model` is the base model id, an adapter version, or an alias."""
-    prep = _prepare(service, body)
-    if body.stream:
-        return _stream(service, prep, chat=True, include_usage=bool(body.stream_options
-                                                                   and body.stream_options.include_usage))
-    return await _complete(service, prep, chat=True)
+    return await _answer(service, body, chat=True)
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, service: ServiceDep, caller: CallerDep) -> Any:
     """Continue a raw text prompt (no chat template)."""
+    return await _answer(service, body, chat=False)
+
+
+async def _answer(service: InferenceService, body: ChatRequest | CompletionRequest, chat: bool) -> Any:
     prep = _prepare(service, body)
     if body.stream:
-        return _stream(service, prep, chat=False, include_usage=bool(body.stream_options
-                                                                    and body.stream_options.include_usage))
-    return await _complete(service, prep, chat=False)
+        usage_too = bool(body.stream_options and body.stream_options.include_usage)
+        return _stream(service, prep, chat=chat, include_usage=usage_too)
+    return await _complete(service, prep, chat=chat)
 
 
 def _headers(prep: Prepared) -> dict[str, str]:

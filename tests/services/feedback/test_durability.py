@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -16,34 +14,9 @@ from online_rl.bus.kafka import KafkaBus
 from online_rl.client import FeedbackClient
 from online_rl.events import TrainingSample, decode, encode
 from online_rl.stream import JoinConfig, Joiner
-from tests.conftest import KAFKA_SCRIPT
+from tests.conftest import Broker
 from tests.factories import interaction
-from tests.services.feedback.conftest import Api, free_port, serve, thumbs_body
-
-
-class Broker:
-    """A broker of this test's own, which the test stops and restarts (same data)."""
-
-    def __init__(self) -> None:
-        port = free_port()
-        self.env = {**os.environ, "ORL_KAFKA_PORT": str(port), "ORL_KAFKA_CONTROLLER_PORT": str(free_port())}
-        self.bootstrap = f"127.0.0.1:{port}"
-
-    def run(self, action: str) -> None:
-        result = subprocess.run(["bash", str(KAFKA_SCRIPT), action], env=self.env, capture_output=True,
-                                text=True, timeout=180)
-        if result.returncode != 0:
-            log = Path(result.stderr.rsplit("see ", 1)[-1].strip().rstrip(";"))
-            tail = "\n".join(log.read_text().splitlines()[-40:]) if log.is_file() else ""
-            raise AssertionError(f"{result.stderr}\n{tail}")
-
-
-@pytest.fixture
-def broker() -> Iterator[Broker]:
-    own = Broker()
-    own.run("start")
-    yield own
-    own.run("reset")
+from tests.services.feedback.conftest import Api, serve, thumbs_body
 
 
 @pytest.mark.slow

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from online_rl.bus.kafka import KafkaBus
-from tests.services.feedback.test_durability import Broker
+from tests.conftest import Broker
 from tests.services.inference.conftest import ServerFactory
-
-
-@pytest.fixture
-def broker() -> Iterator[Broker]:
-    own = Broker()
-    own.run("start")
-    yield own
-    own.run("reset")
 
 
 def metric(url: str, name: str) -> float:
