@@ -25,6 +25,7 @@ __all__ = [
     "EngineError",
     "GenerationRequest",
     "TokenDelta",
+    "check_room",
 ]
 
 
@@ -53,6 +54,15 @@ class TokenDelta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" (end of sequence) or "length" (max_tokens)
+
+
+def check_room(name: str, loaded: list[str], limit: int) -> None:
+    """Refuse a load whose name is taken or for which no adapter slot is free (both engines)."""
+    if name in loaded:
+        raise AdapterLoadError(f"an adapter named {name!r} is already loaded")
+    if len(loaded) >= limit:
+        raise AdapterLoadError(f"{len(loaded)} adapters are loaded, the most this engine holds "
+                               "(inference.max_loras); unload one first")
 
 
 class Engine(abc.ABC):

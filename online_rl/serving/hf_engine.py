@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from online_rl.serving.engine import AdapterLoadError, Engine, EngineError, GenerationRequest, TokenDelta
+from online_rl.serving.engine import (
+    AdapterLoadError,
+    Engine,
+    EngineError,
+    GenerationRequest,
+    TokenDelta,
+    check_room,
+)
 from online_rl.serving.multi_lora import MultiLora
 
 __all__ = ["TransformersEngine"]
@@ -96,7 +103,6 @@ class TransformersEngine(Engine):
         base.eval()
         self._model: Any = base
         self._lora = MultiLora(base)
-        self._adapters: list[str] = []
         eos: set[int] = set()
         try:
             gen = GenerationConfig.from_pretrained(str(model_dir))
@@ -123,12 +129,12 @@ class TransformersEngine(Engine):
         return self._max_len
 
     def adapters(self) -> list[str]:
-        return list(self._adapters)
+        return self._lora.names()
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenDelta, None]:
         if self._stopped:
             raise EngineError("the engine is closed")
-        if request.adapter is not None and request.adapter not in self._adapters:
+        if request.adapter is not None and request.adapter not in self._lora.names():
             raise EngineError(f"adapter {request.adapter!r} is not loaded")
         job = _Job(request, asyncio.Queue(), asyncio.get_running_loop())
         self._inbox.put(job)
@@ -144,29 +150,14 @@ class TransformersEngine(Engine):
             job.cancelled = True  # a client that went away stops costing compute
 
     async def load_adapter(self, name: str, path: Path) -> None:
-        if name in self._adapters:
-            raise AdapterLoadError(f"an adapter named {name!r} is already loaded")
-        if len(self._adapters) >= self._max_loras:
-            raise AdapterLoadError(
-                f"{len(self._adapters)} adapters are loaded, the most this engine holds "
-                f"(inference.max_loras); unload one first"
-            )
+        check_room(name, self._lora.names(), self._max_loras)
         prepared = await asyncio.to_thread(MultiLora.prepare, Path(path))  # file IO off the engine
-
-        def install() -> None:
-            self._lora.install(name, prepared)
-            self._adapters.append(name)
-
-        await self._call(install)
+        await self._call(lambda: self._lora.install(name, prepared))
 
     async def unload_adapter(self, name: str) -> None:
-        if name not in self._adapters:
+        if name not in self._lora.names():
             raise AdapterLoadError(f"no adapter named {name!r} is loaded")
-        def remove() -> None:
-            self._lora.remove(name)
-            self._adapters.remove(name)
-
-        await self._call(remove)
+        await self._call(lambda: self._lora.remove(name))
 
     async def close(self) -> None:
         if self._stopped:

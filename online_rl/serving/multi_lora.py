@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -145,11 +144,5 @@ class MultiLora:
         finally:
             self.routing = []
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._installed
-
     def names(self) -> list[str]:
         return list(self._installed)
-
-    def describe(self) -> dict[str, Any]:
-        return {"adapters": self.names(), "wrapped_layers": len(self._wrapped)}

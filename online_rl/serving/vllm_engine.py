@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from online_rl.models.check import cpu_only, vllm_cpu_kwargs
-from online_rl.serving.engine import AdapterLoadError, Engine, EngineError, GenerationRequest, TokenDelta
+from online_rl.serving.engine import (
+    AdapterLoadError,
+    Engine,
+    EngineError,
+    GenerationRequest,
+    TokenDelta,
+    check_room,
+)
 
 __all__ = ["VllmEngine"]
 
@@ -118,11 +125,7 @@ class VllmEngine(Engine):
         from vllm.lora.request import LoRARequest
 
         llm = self._engine()
-        if name in self._ids:
-            raise AdapterLoadError(f"an adapter named {name!r} is already loaded")
-        if len(self._ids) >= self._max_loras:
-            raise AdapterLoadError(f"{len(self._ids)} adapters are loaded, the most this engine holds "
-                                   "(inference.max_loras); unload one first")
+        check_room(name, list(self._ids), self._max_loras)
         lora_id = next(self._next_id)
         lora = LoRARequest(name, lora_id, str(path))
         try:

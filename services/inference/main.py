@@ -47,7 +47,7 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
     manager = AdapterManager(engine, settings.model.name, settings.adapters_dir,
                              tracking_uri=settings.mlflow_tracking_uri)
     log = InteractionLogger(service_bus, topics.interactions, max_buffer=api.log_buffer)
-    service = InferenceService(settings, InferenceCore(engine, manager, tokenizer, log), service_bus)
+    service = InferenceService(settings, InferenceCore(engine, manager, tokenizer, log))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

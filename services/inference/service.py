@@ -11,7 +11,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from online_rl.bus import Bus
 from online_rl.config import Settings
 from online_rl.ingest import ApiKeyStore
 from online_rl.serving import InferenceCore
@@ -62,10 +61,9 @@ class Metrics:
 class InferenceService:
     """Everything a request needs."""
 
-    def __init__(self, settings: Settings, core: InferenceCore, bus: Bus | None) -> None:
+    def __init__(self, settings: Settings, core: InferenceCore) -> None:
         api = settings.inference
         self.settings = settings
         self.core = core
-        self.bus = bus
         self.keys = ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)
         self.metrics = Metrics(self)

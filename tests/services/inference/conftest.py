@@ -46,21 +46,28 @@ class Server:
 ServerFactory = Callable[..., Server]
 
 
+def server_settings(cache_dir: Path, model_dir: Path, name: str,
+                    **inference: Any) -> tuple[Settings, str, str]:
+    """Settings for one test server on its own topics, with an `inference` key and an `admin` key."""
+    key, digest = new_key()
+    admin_key, admin_digest = new_key()
+    settings = Settings(
+        cache_dir=cache_dir,
+        model=ModelConfig(name=name, path=model_dir),
+        bus=BusConfig(topic_prefix=f"t{uuid.uuid4().hex[:8]}", partitions=2),
+        inference=InferenceConfig(api_keys=[f"{digest} inference", f"{admin_digest} admin"],
+                                  **({"engine": "transformers", "max_model_len": 512} | inference)),
+    )
+    return settings, key, admin_key
+
+
 @pytest.fixture
 def make_server(tmp_path: Path) -> Iterator[ServerFactory]:
     """Serve the inference app for `model_dir` (served as `name`) on a real bus."""
     with ExitStack() as stack:
 
         def make(model_dir: Path, name: str, bus: Bus | None = None, **inference: Any) -> Server:
-            key, digest = new_key()
-            admin_key, admin_digest = new_key()
-            settings = Settings(
-                cache_dir=tmp_path / "cache",
-                model=ModelConfig(name=name, path=model_dir),
-                bus=BusConfig(topic_prefix=f"t{uuid.uuid4().hex[:8]}", partitions=2),
-                inference=InferenceConfig(api_keys=[f"{digest} inference", f"{admin_digest} admin"],
-                                          **({"engine": "transformers", "max_model_len": 512} | inference)),
-            )
+            settings, key, admin_key = server_settings(tmp_path / "cache", model_dir, name, **inference)
             the_bus = bus or EmbeddedBus(tmp_path / f"bus-{uuid.uuid4().hex[:6]}.db")
             app = create_app(settings, bus=the_bus)
             url = stack.enter_context(serve(app))

@@ -4,7 +4,6 @@ match the trainer's recomputation with and without an adapter, and a hot swap.""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,14 +15,12 @@ from transformers import AutoModelForCausalLM
 from online_rl.algos import completion_logprobs
 from online_rl.bus import Topics
 from online_rl.bus.embedded import EmbeddedBus
-from online_rl.config import BusConfig, InferenceConfig, ModelConfig, Settings
 from online_rl.events import Interaction
-from online_rl.ingest import new_key
 from online_rl.models import EMBEDDED_MODEL_ID
 from services.inference.main import create_app
 from tests.factories import lora_adapter
 from tests.services.feedback.conftest import serve
-from tests.services.inference.conftest import Server
+from tests.services.inference.conftest import Server, server_settings
 
 pytestmark = [pytest.mark.slow]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -38,13 +35,8 @@ def adapter(embedded_model: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 @pytest.fixture(scope="module")
 def server(embedded_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("vllm-service")
-    key, digest = new_key()
-    admin_key, admin_digest = new_key()
-    settings = Settings(
-        cache_dir=root / "cache", model=ModelConfig(name=EMBEDDED_MODEL_ID, path=embedded_model),
-        bus=BusConfig(topic_prefix=f"t{uuid.uuid4().hex[:8]}", partitions=2),
-        inference=InferenceConfig(engine="vllm", max_model_len=512, max_loras=2, max_lora_rank=8,
-                                  api_keys=[f"{digest} inference", f"{admin_digest} admin"]))
+    settings, key, admin_key = server_settings(root / "cache", embedded_model, EMBEDDED_MODEL_ID,
+                                               engine="vllm", max_loras=2, max_lora_rank=8)
     bus = EmbeddedBus(root / "bus.db")
     app = create_app(settings, bus=bus)
     with serve(app, startup_timeout=300) as url:
