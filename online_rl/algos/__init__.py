@@ -1,5 +1,74 @@
-"""Learning algorithms as pure tensor functions (no Ray, Kafka or MLflow)."""
+"""The mathematics of learning from feedback: losses, advantages and log-probabilities.
 
-from online_rl.algos.logprobs import completion_logprobs
+Pure torch, kept free of Ray, Kafka and MLflow so it can be read and tested on its own: DPO/IPO for
+preference pairs, KTO for thumbs, PPO (GAE, clipped losses, KL control) for scalar rewards, a
+Bradley-Terry reward model, and the padding-free log-probability computation they all share.
+"""
 
-__all__ = ["completion_logprobs"]
+from online_rl.algos.config import DPOConfig, KLControlConfig, KTOConfig, PPOConfig, RewardModelConfig
+from online_rl.algos.dpo import PreferenceLoss, dpo_loss
+from online_rl.algos.kto import KTOLoss, kto_loss, kto_reference_point, mismatched_pairs
+from online_rl.algos.logprobs import (
+    PackedBatch,
+    PolicyOutput,
+    Sample,
+    causal_lm,
+    completion_logprobs,
+    forward,
+    hidden_states,
+    pack,
+    reference_adapter_disabled,
+)
+from online_rl.algos.ops import aggregate, masked_mean, masked_whiten
+from online_rl.algos.ppo import (
+    AdaptiveKLController,
+    PolicyLoss,
+    ValueLoss,
+    entropy_from_logits,
+    gae,
+    kl_penalty,
+    policy_loss,
+    token_rewards,
+    value_loss,
+    whiten_advantages,
+)
+from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_loss
+
+__all__ = [
+    "AdaptiveKLController",
+    "DPOConfig",
+    "KLControlConfig",
+    "KTOConfig",
+    "KTOLoss",
+    "PPOConfig",
+    "PackedBatch",
+    "PairLoss",
+    "PolicyLoss",
+    "PolicyOutput",
+    "PreferenceLoss",
+    "RewardModel",
+    "RewardModelConfig",
+    "Sample",
+    "ValueLoss",
+    "aggregate",
+    "bradley_terry_loss",
+    "causal_lm",
+    "completion_logprobs",
+    "dpo_loss",
+    "entropy_from_logits",
+    "forward",
+    "gae",
+    "hidden_states",
+    "kl_penalty",
+    "kto_loss",
+    "kto_reference_point",
+    "masked_mean",
+    "masked_whiten",
+    "mismatched_pairs",
+    "pack",
+    "policy_loss",
+    "reference_adapter_disabled",
+    "token_rewards",
+    "value_loss",
+    "whiten_advantages",
+]

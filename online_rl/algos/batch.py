@@ -1,0 +1,82 @@
+"""One batch's loss for each algorithm, from token ids to a differentiable scalar.
+
+Each function packs its samples (every prompt once, no padding), computes the reference
+log-probabilities with the LoRA adapter disabled (no autograd, no second model in memory), runs the
+policy once with autograd, and applies the pure loss. Mixed precision: matrix products in bfloat16
+(where the CPU or GPU has fast bfloat16 units) and log-softmax in float32; the LoRA weights stay in
+float32. The optimizer step is the caller's. Pure torch: no Ray, Kafka or MLflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any, Literal
+
+import torch
+
+from online_rl.algos.config import DPOConfig, KTOConfig
+from online_rl.algos.dpo import PreferenceLoss, dpo_loss
+from online_rl.algos.kto import KTOLoss, kto_loss, kto_reference_point, mismatched_pairs
+from online_rl.algos.logprobs import (
+    PackedBatch,
+    PolicyOutput,
+    Sample,
+    forward,
+    pack,
+    reference_adapter_disabled,
+)
+
+__all__ = ["Precision", "TokenIds", "autocast", "dpo_batch_loss", "kto_batch_loss", "reference_logprobs"]
+
+Precision = Literal["fp32", "bf16"]
+TokenIds = Sequence[int]
+
+
+@contextmanager
+def autocast(precision: Precision, device: str = "cpu") -> Iterator[None]:
+    """bfloat16 matrix products (float32 elsewhere) for 'bf16'; nothing for 'fp32'."""
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision {precision!r} is not one of fp32, bf16")
+    context = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    with context:
+        yield
+
+
+def reference_logprobs(model: Any, batch: PackedBatch, precision: Precision = "fp32") -> PolicyOutput:
+    """The reference policy's log-probabilities: the same model with its adapter disabled, no autograd."""
+    with torch.inference_mode(), reference_adapter_disabled(model), autocast(precision, _device(model)):
+        return forward(model, batch)
+
+
+def dpo_batch_loss(model: Any, pairs: Sequence[tuple[TokenIds, TokenIds, TokenIds]], config: DPOConfig,
+                   precision: Precision = "fp32") -> PreferenceLoss:
+    """DPO on (prompt, chosen, rejected) token ids: chosen and rejected share one pass over the prompt."""
+    batch = pack([Sample(prompt, (chosen, rejected)) for prompt, chosen, rejected in pairs])
+    reference = reference_logprobs(model, batch, precision).sequence_logprobs.clone()
+    with autocast(precision, _device(model)):
+        policy = forward(model, batch).sequence_logprobs
+    return dpo_loss(policy[0::2], policy[1::2], reference[0::2], reference[1::2], config,
+                    chosen_lengths=batch.lengths[0::2], rejected_lengths=batch.lengths[1::2])
+
+
+def kto_batch_loss(model: Any, samples: Sequence[tuple[TokenIds, TokenIds, bool]], config: KTOConfig,
+                   precision: Precision = "fp32") -> KTOLoss:
+    """KTO on (prompt, completion, thumbs up?) samples.
+
+    Each prompt is packed with its own completion and with the next sample's completion (the mismatched
+    pair of the KL reference point), so the reference point costs no extra pass over the prompts.
+    """
+    partner = mismatched_pairs(len(samples))
+    batch = pack([Sample(prompt, (completion, samples[partner[i]][1]))
+                  for i, (prompt, completion, _) in enumerate(samples)])
+    reference = reference_logprobs(model, batch, precision).sequence_logprobs.clone()
+    with autocast(precision, _device(model)):
+        policy = forward(model, batch).sequence_logprobs
+    reference_point = kto_reference_point(policy[1::2].detach(), reference[1::2])
+    desirable = torch.tensor([up for _, _, up in samples], dtype=torch.bool)
+    return kto_loss(policy[0::2], reference[0::2], desirable, reference_point, config)
+
+
+def _device(model: Any) -> str:
+    return next(model.parameters()).device.type
