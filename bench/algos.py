@@ -43,7 +43,8 @@ from online_rl.config import load_settings
 from online_rl.models import prepare_embedded_model
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
-             "Explain photosynthesis simply.", "List three prime numbers and say why they are prime.", "What is 12 times 7?",
+             "Explain photosynthesis simply.", "List three prime numbers and say why they are prime.",
+             "What is 12 times 7?",
              "Tell me a short story about a cat who learns to swim.", "How do airplanes stay in the air?",
              "Give me a recipe for pancakes.", "Why is the sky blue?", "Summarise the plot of Hamlet."]
 WORDS = ["the", "answer", "is", "simple", "because", "light", "water", "air", "plants", "energy", "sun",
