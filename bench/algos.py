@@ -15,8 +15,8 @@ products under bfloat16 autocast. MFU is the model FLOP/s of our step (forward, 
 policy, forward of the reference; prompts counted once, as computed) over the best rate a large
 matrix product reaches here in the same precision (the VM hides its clock, so the datasheet peak is
 unknown; `peak_gflops` reports the measured figure).
-The last line is one JSON object: `ratio_vs_trl` (tokens/s ours / TRL, bf16), `ratio_vs_trl_fp32`,
-`mfu` (bf16), `mfu_fp32`, tokens/s per side and precision.
+The last line is one JSON object: `ratio_vs_trl` (tokens/s ours / TRL, both bf16), `ratio_vs_trl_fp32`
+(both fp32), `ratio_bf16_vs_trl_fp32`, `mfu` (bf16), `mfu_fp32`, tokens/s per side and precision.
 """
 
 from __future__ import annotations
@@ -201,6 +201,10 @@ def main() -> None:
         print(f"{precision}: ours {ours_rate:.0f} tok/s ({[round(t, 2) for t in ours_times]} s/step), "
               f"TRL {trl_rate:.0f} tok/s ({[round(t, 2) for t in trl_times]} s/step), "
               f"ratio {ours_rate / trl_rate:.2f}x, MFU {mfu:.1%} of {peak / 1e9:.0f} GFLOP/s", flush=True)
+    if "ours_tokens_per_s" in result and "trl_tokens_per_s_fp32" in result:
+        # what a TRL user on its default (float32) would see switching to our bfloat16 step
+        ours, trl = result["ours_tokens_per_s"], result["trl_tokens_per_s_fp32"]
+        result["ratio_bf16_vs_trl_fp32"] = round(ours / trl, 2)
     emit(result)
 
 
