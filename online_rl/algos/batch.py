@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from online_rl.algos.config import DPOConfig, KTOConfig
+from online_rl.algos.config import DPOConfig, KTOConfig, RewardModelConfig
 from online_rl.algos.dpo import PreferenceLoss, dpo_loss
 from online_rl.algos.kto import KTOLoss, kto_loss, kto_reference_point, mismatched_pairs
 from online_rl.algos.logprobs import (
@@ -26,8 +26,17 @@ from online_rl.algos.logprobs import (
     pack,
     reference_adapter_disabled,
 )
+from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_loss
 
-__all__ = ["Precision", "TokenIds", "autocast", "dpo_batch_loss", "kto_batch_loss", "reference_logprobs"]
+__all__ = [
+    "Precision",
+    "TokenIds",
+    "autocast",
+    "dpo_batch_loss",
+    "kto_batch_loss",
+    "reference_logprobs",
+    "reward_batch_loss",
+]
 
 Precision = Literal["fp32", "bf16"]
 TokenIds = Sequence[int]
@@ -76,6 +85,15 @@ def kto_batch_loss(model: Any, samples: Sequence[tuple[TokenIds, TokenIds, bool]
     reference_point = kto_reference_point(policy[1::2].detach(), reference[1::2])
     desirable = torch.tensor([up for _, _, up in samples], dtype=torch.bool)
     return kto_loss(policy[0::2], reference[0::2], desirable, reference_point, config)
+
+
+def reward_batch_loss(reward_model: RewardModel, pairs: Sequence[tuple[TokenIds, TokenIds, TokenIds]],
+                      config: RewardModelConfig, precision: Precision = "fp32") -> PairLoss:
+    """Bradley-Terry on (prompt, chosen, rejected) token ids, each prompt computed once."""
+    batch = pack([Sample(prompt, (chosen, rejected)) for prompt, chosen, rejected in pairs])
+    with autocast(precision, _device(reward_model)):
+        chosen, rejected = reward_model.pair_rewards(batch)
+    return bradley_terry_loss(chosen.float(), rejected.float(), config)
 
 
 def _device(model: Any) -> str:

@@ -1,5 +1,5 @@
-"""Learning happens: DPO, KTO and PPO move a LoRA policy on the tiny Llama towards a synthetic preference,
-and only the adapter's weights change.
+"""Learning happens: DPO, KTO, PPO and the reward model move a LoRA adapter on the tiny Llama towards
+a synthetic preference, and only the adapter's weights change.
 
 The preference is "end the answer with token PREFERRED rather than AVOIDED" (DPO, KTO) and "emit even token
 ids" (PPO, scored by a rule on its own samples). Each test measures on held-out prompts.
@@ -18,6 +18,8 @@ from online_rl.algos import (
     DPOConfig,
     KTOConfig,
     PPOConfig,
+    RewardModel,
+    RewardModelConfig,
     Sample,
     forward,
     gae,
@@ -28,7 +30,7 @@ from online_rl.algos import (
     value_loss,
     whiten_advantages,
 )
-from online_rl.algos.batch import dpo_batch_loss, kto_batch_loss, reference_logprobs
+from online_rl.algos.batch import dpo_batch_loss, kto_batch_loss, reference_logprobs, reward_batch_loss
 from online_rl.algos.policy import LoraSpec, lora_policy, trainable_parameters
 
 PREFERRED, AVOIDED = 1000, 2000
@@ -127,6 +129,32 @@ def test_kto_learns_from_unpaired_thumbs(tiny_model: Path) -> None:
     assert (up_after - down_after) > (up_before - down_before) + 0.8
     assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4, losses
     _assert_only_the_adapter_changed(policy, frozen, adapter)
+
+
+def test_reward_model_learns_to_rank_preferences(tiny_model: Path) -> None:
+    rng = random.Random(2)
+
+    def pair() -> tuple[list[int], list[int], list[int]]:
+        prompt, stem = _ids(rng, 2, 6), _ids(rng, 1, 3)
+        return prompt, [*stem, PREFERRED], [*stem, AVOIDED]
+
+    train, held_out = [pair() for _ in range(64)], [pair() for _ in range(32)]
+    backbone = _policy(tiny_model)
+    reward_model = RewardModel(backbone)
+    frozen, adapter = _frozen(backbone), _adapter(backbone)
+    config = RewardModelConfig()
+    with torch.no_grad():
+        before = reward_batch_loss(reward_model, held_out, config)
+    optimizer = torch.optim.AdamW([p for p in reward_model.parameters() if p.requires_grad], lr=5e-3)
+    for step in range(32):
+        loss = reward_batch_loss(reward_model, train[(step % 8) * 8 :][:8], config).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        after = reward_batch_loss(reward_model, held_out, config)
+    assert after.accuracy.item() >= 0.9 and after.loss.item() < before.loss.item() - 0.3, (before, after)
+    _assert_only_the_adapter_changed(backbone, frozen, adapter)
 
 
 def _small_vocab_llama(path: Path) -> Path:
