@@ -22,12 +22,14 @@ from online_rl.algos.logprobs import (
 from online_rl.algos.ops import aggregate, masked_mean, masked_whiten
 from online_rl.algos.ppo import (
     AdaptiveKLController,
+    Advantages,
     PolicyLoss,
     ValueLoss,
     entropy_from_logits,
     gae,
     kl_penalty,
     policy_loss,
+    ppo_advantages,
     token_rewards,
     value_loss,
     whiten_advantages,
@@ -36,6 +38,7 @@ from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_lo
 
 __all__ = [
     "AdaptiveKLController",
+    "Advantages",
     "DPOConfig",
     "KLControlConfig",
     "KTOConfig",
@@ -67,6 +70,7 @@ __all__ = [
     "mismatched_pairs",
     "pack",
     "policy_loss",
+    "ppo_advantages",
     "reference_adapter_disabled",
     "token_rewards",
     "value_loss",

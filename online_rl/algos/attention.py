@@ -8,7 +8,9 @@ than two matrix products and a softmax, whose products run on the bfloat16 units
 Grouped-query heads share their key/value head by a reshape instead of a copy.
 
 `packed_attention(config)` switches a transformers model to this implementation for the duration of a
-block (the model reads its attention implementation from its config at every call).
+block (the model reads its attention implementation from its config at every call), so a model must
+not be generating on another thread meanwhile. Sliding windows, logit soft-capping and attention
+sinks (Mistral, Gemma 2, gpt-oss) are refused rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def _attend(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Te
     sample's mask in one batched product, and scattered back: a few large operations per layer
     instead of a few small ones per sample.
     """
+    unsupported = [name for name in ("sliding_window", "softcap", "s_aux") if kwargs.get(name) is not None]
+    if unsupported:
+        raise NotImplementedError(f"packed attention does not implement {', '.join(unsupported)}: this "
+                                  "model needs an attention variant online-rl has not built (Llama-style "
+                                  "models work)")
     dropout = dropout if module.training else 0.0
     if packed_layout is None:
         return _dense(query, key, value, attention_mask, scaling, dropout), None

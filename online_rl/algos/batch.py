@@ -54,7 +54,7 @@ def autocast(precision: Precision, device: str = "cpu") -> Iterator[None]:
 
 def reference_logprobs(model: Any, batch: PackedBatch, precision: Precision = "fp32") -> PolicyOutput:
     """The reference policy's log-probabilities: the same model with its adapter disabled, no autograd."""
-    with torch.inference_mode(), reference_adapter_disabled(model), autocast(precision, _device(model)):
+    with torch.no_grad(), reference_adapter_disabled(model), autocast(precision, _device(model)):
         return forward(model, batch)
 
 
@@ -62,7 +62,8 @@ def dpo_batch_loss(model: Any, pairs: Sequence[tuple[TokenIds, TokenIds, TokenId
                    precision: Precision = "fp32") -> PreferenceLoss:
     """DPO on (prompt, chosen, rejected) token ids: chosen and rejected share one pass over the prompt."""
     batch = pack([Sample(prompt, (chosen, rejected)) for prompt, chosen, rejected in pairs])
-    reference = reference_logprobs(model, batch, precision).sequence_logprobs.clone()
+    batch = batch.to(next(model.parameters()).device)
+    reference = reference_logprobs(model, batch, precision).sequence_logprobs
     with autocast(precision, _device(model)):
         policy = forward(model, batch).sequence_logprobs
     return dpo_loss(policy[0::2], policy[1::2], reference[0::2], reference[1::2], config,
@@ -79,11 +80,11 @@ def kto_batch_loss(model: Any, samples: Sequence[tuple[TokenIds, TokenIds, bool]
     partner = mismatched_pairs(len(samples))
     batch = pack([Sample(prompt, (completion, samples[partner[i]][1]))
                   for i, (prompt, completion, _) in enumerate(samples)])
-    reference = reference_logprobs(model, batch, precision).sequence_logprobs.clone()
+    reference = reference_logprobs(model, batch, precision).sequence_logprobs
     with autocast(precision, _device(model)):
         policy = forward(model, batch).sequence_logprobs
     reference_point = kto_reference_point(policy[1::2].detach(), reference[1::2])
-    desirable = torch.tensor([up for _, _, up in samples], dtype=torch.bool)
+    desirable = torch.tensor([up for _, _, up in samples], dtype=torch.bool, device=policy.device)
     return kto_loss(policy[0::2], reference[0::2], desirable, reference_point, config)
 
 

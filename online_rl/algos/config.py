@@ -139,7 +139,7 @@ class RewardModelConfig:
 
     margin: float = field(default=0.0, metadata={"help": "Required reward gap chosen - rejected (>= 0)."})
     center_coef: float = field(
-        default=0.0, metadata={"help": "Weight of a penalty on mean squared rewards (centring)."}
+        default=0.0, metadata={"help": "Weight of mean((r_chosen + r_rejected)^2) (centring)."}
     )
 
     def __post_init__(self) -> None:

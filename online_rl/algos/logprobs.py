@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -93,6 +93,15 @@ class PackedBatch:
     def num_completions(self) -> int:
         return int(self.lengths.numel())
 
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """The same batch with every tensor on `device` (a no-op when they are there already)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        layout = AttentionLayout(*(t.to(device) for t in astuple_shallow(self.attention)))
+        moved = {name: value.to(device) for name, value in vars(self).items()
+                 if isinstance(value, torch.Tensor)}
+        return replace(self, attention=layout, **moved)
+
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
@@ -100,17 +109,23 @@ class PackedBatch:
     def per_completion(self, values: torch.Tensor) -> torch.Tensor:
         """Sum a per-target vector over each completion's tokens."""
         out = values.new_zeros(self.num_completions)
-        return out.index_add(0, self.owner, values)
+        return out.index_add(0, self.owner.to(values.device), values)
 
     def padded(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A per-target vector as (completions, longest) right-padded with zeros, and its 0/1 mask."""
-        width = int(self.lengths.max()) if self.num_completions else 0
-        starts = torch.cumsum(self.lengths, 0) - self.lengths
-        index = torch.arange(self.targets.numel()) - starts[self.owner]
-        out = values.new_zeros(self.num_completions, width)
-        out[self.owner, index] = values
-        mask = torch.arange(width).unsqueeze(0) < self.lengths.unsqueeze(1)
+        batch = self.to(values.device)
+        width = int(batch.lengths.max()) if batch.num_completions else 0
+        starts = torch.cumsum(batch.lengths, 0) - batch.lengths
+        index = torch.arange(batch.targets.numel(), device=values.device) - starts[batch.owner]
+        out = values.new_zeros(batch.num_completions, width)
+        out[batch.owner, index] = values
+        mask = torch.arange(width, device=values.device).unsqueeze(0) < batch.lengths.unsqueeze(1)
         return out, mask.to(values.dtype)
+
+
+def astuple_shallow(instance: Any) -> tuple[Any, ...]:
+    """A dataclass's field values, not copied (unlike dataclasses.astuple)."""
+    return tuple(getattr(instance, f.name) for f in fields(instance))
 
 
 def _tree_mask(prompt: int, branches: Sequence[int]) -> torch.Tensor:
@@ -187,6 +202,7 @@ def causal_lm(model: Any) -> Any:
 def hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     """The backbone's last hidden states for the packed row: (tokens, hidden)."""
     lm = causal_lm(model)
+    batch = batch.to(lm.device)
     with packed_attention(lm.config):
         out = lm.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
                        packed_layout=batch.attention)
@@ -205,6 +221,7 @@ class PolicyOutput:
 
 def forward(model: Any, batch: PackedBatch, with_entropy: bool = False) -> PolicyOutput:
     """Run `model` on `batch` and score its completion tokens (with autograd when enabled)."""
+    batch = batch.to(causal_lm(model).device)
     hidden = hidden_states(model, batch)[batch.predict_at]
     logits = causal_lm(model).lm_head(hidden).float()
     normaliser = torch.logsumexp(logits, dim=-1)

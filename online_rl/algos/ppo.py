@@ -15,16 +15,18 @@ from dataclasses import dataclass
 import torch
 
 from online_rl.algos.config import KLControlConfig, KLEstimator, PPOConfig
-from online_rl.algos.ops import aggregate, masked_mean, masked_whiten
+from online_rl.algos.ops import aggregate, masked, masked_mean, masked_whiten
 
 __all__ = [
     "AdaptiveKLController",
+    "Advantages",
     "PolicyLoss",
     "ValueLoss",
     "entropy_from_logits",
     "gae",
     "kl_penalty",
     "policy_loss",
+    "ppo_advantages",
     "token_rewards",
     "value_loss",
     "whiten_advantages",
@@ -51,12 +53,12 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KL
 
 def token_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
     """Rewards per token: -kl_coef * KL on every token, plus the sequence's score on its last token."""
-    weights = mask.to(kl.dtype)
-    rewards = -kl_coef * kl.detach() * weights
-    last = (weights.sum(-1).long() - 1).clamp(min=0)
-    has_tokens = weights.sum(-1) > 0
+    rewards = -kl_coef * masked(kl.detach(), mask)
+    lengths = mask.long().sum(-1)
+    last = (lengths - 1).clamp(min=0)
+    has_tokens = lengths > 0
     rows = torch.arange(rewards.shape[0], device=rewards.device)
-    rewards[rows[has_tokens], last[has_tokens]] += scores[has_tokens].to(rewards.dtype)
+    rewards[rows[has_tokens], last[has_tokens]] += scores[has_tokens].detach().float()
     return rewards
 
 
@@ -67,9 +69,9 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     delta_t = r_t + gamma * V_{t+1} - V_t, A_t = delta_t + gamma * lam * A_{t+1}; a sequence ends at its
     last real token (the value after it is 0). Returns (advantages, returns), zero on padding.
     """
-    weights = mask.to(values.dtype)
-    values = values.detach() * weights
-    rewards = rewards.detach() * weights
+    weights = mask.float()
+    values = masked(values.detach(), mask)
+    rewards = masked(rewards.detach(), mask)
     advantages = torch.zeros_like(values)
     running = torch.zeros_like(values[:, 0])
     next_value = torch.zeros_like(values[:, 0])
@@ -89,7 +91,7 @@ class PolicyLoss:
 
     loss: torch.Tensor
     clip_fraction: torch.Tensor  # share of tokens whose ratio was clipped
-    approx_kl: torch.Tensor  # k3 estimate of KL(pi_old || pi) over the batch
+    approx_kl: torch.Tensor  # k3 estimate of KL(pi_old || pi) over the batch's tokens
     truncated_fraction: torch.Tensor  # share of tokens whose behaviour weight hit the cap
     entropy: torch.Tensor | None = None
 
@@ -100,7 +102,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
                 entropy: torch.Tensor | None = None) -> PolicyLoss:
     """PPO's clipped surrogate, weighted by min(pi_old / pi_behaviour, cap) when the samples came
     from another policy; minus `entropy_coef` times the mean entropy when `entropy` is given."""
-    log_ratio = logprobs - old_logprobs.detach()
+    log_ratio = logprobs.float() - old_logprobs.detach().float()
+    advantages = advantages.detach().float()
     ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
@@ -117,7 +120,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         loss = loss - config.entropy_coef * mean_entropy
     with torch.no_grad():
         clip_fraction = masked_mean((clipped > unclipped).float(), mask)
-        approx_kl = masked_mean(torch.exp(-log_ratio) - 1.0 + log_ratio, mask)
+        # k3 for KL(pi_old || pi) on tokens sampled from pi_old: r - 1 - log r with r = pi / pi_old
+        approx_kl = masked_mean(torch.expm1(log_ratio.clamp(-20.0, 20.0)) - log_ratio, mask)
         truncated_fraction = masked_mean(truncated.float(), mask)
     return PolicyLoss(loss, clip_fraction, approx_kl, truncated_fraction, mean_entropy)
 
@@ -130,8 +134,10 @@ class ValueLoss:
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                config: PPOConfig) -> ValueLoss:
-    """Half the larger of the squared errors of the new and the clipped value (PPO's value clipping)."""
-    old_values = old_values.detach()
+    """Half the larger of the squared errors of the new and the clipped value (PPO's value clipping),
+    times `value_coef`."""
+    values, returns = values.float(), returns.detach().float()
+    old_values = old_values.detach().float()
     clipped = old_values + (values - old_values).clamp(-config.value_clip, config.value_clip)
     unclipped_error = (values - returns).square()
     clipped_error = (clipped - returns).square()
@@ -150,6 +156,34 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 def whiten_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Advantages with zero mean and unit variance over the batch's real tokens."""
     return masked_whiten(advantages, mask)
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """What one batch of rollouts gives the PPO update."""
+
+    advantages: torch.Tensor  # (batch, tokens), whitened when the config says so
+    returns: torch.Tensor  # (batch, tokens) targets of the value head
+    rewards: torch.Tensor  # (batch, tokens) the KL-penalised token rewards
+    kl: torch.Tensor  # (batch, tokens) the per-token KL estimate to the reference
+    sequence_kl: float  # mean over sequences of the summed KL (what the KL controller tracks)
+
+
+def ppo_advantages(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                   values: torch.Tensor, mask: torch.Tensor, config: PPOConfig, kl_coef: float) -> Advantages:
+    """Steps 1-2 of PPO for a batch: KL-penalised token rewards, GAE, optional whitening.
+
+    `logprobs` are those of the policy that generated the tokens (pi_old), `values` the value head's
+    at the same positions, all (batch, tokens) right-padded as `mask`; `kl_coef` comes from an
+    `AdaptiveKLController` built from `config.kl`.
+    """
+    kl = kl_penalty(logprobs.detach().float(), ref_logprobs.detach().float(), config.kl_estimator)
+    rewards = token_rewards(scores, kl, mask, kl_coef)
+    advantages, returns = gae(rewards, values, mask, config.gamma, config.lam)
+    if config.whiten_advantages:
+        advantages = whiten_advantages(advantages, mask)
+    sequence_kl = float(masked(kl, mask).sum(-1).mean())
+    return Advantages(advantages, returns, rewards, masked(kl, mask), sequence_kl)
 
 
 class AdaptiveKLController:

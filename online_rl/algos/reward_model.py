@@ -50,6 +50,7 @@ class RewardModel(nn.Module):
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         """One reward per completion of `batch`."""
+        batch = batch.to(self.head.weight.device)
         hidden = hidden_states(self.backbone, batch)[batch.last_token_at]
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
 

@@ -15,20 +15,19 @@ from typing import Any
 import torch
 
 from online_rl.algos import (
+    AdaptiveKLController,
     DPOConfig,
+    KLControlConfig,
     KTOConfig,
     PPOConfig,
     RewardModel,
     RewardModelConfig,
     Sample,
     forward,
-    gae,
-    kl_penalty,
     pack,
     policy_loss,
-    token_rewards,
+    ppo_advantages,
     value_loss,
-    whiten_advantages,
 )
 from online_rl.algos.batch import dpo_batch_loss, kto_batch_loss, reference_logprobs, reward_batch_loss
 from online_rl.algos.policy import LoraSpec, lora_policy, trainable_parameters
@@ -190,7 +189,8 @@ def _ppo_run(tmp_path: Path, lr: float, iterations: int) -> list[float]:
     policy = _policy(_small_vocab_llama(tmp_path / "llama16"))
     frozen, adapter = _frozen(policy), _adapter(policy)
     value_head = torch.nn.Linear(64, 1)
-    config = PPOConfig(clip_low=0.2, clip_high=0.2, gamma=1.0, lam=0.95)
+    config = PPOConfig(clip_low=0.2, clip_high=0.2, gamma=1.0, lam=0.95, kl=KLControlConfig(coef=0.02))
+    kl_control = AdaptiveKLController(config.kl)
     adapter_and_head = [*trainable_parameters(policy).values(), *value_head.parameters()]
     optimizer = torch.optim.AdamW(adapter_and_head, lr=lr)
     generator = torch.Generator().manual_seed(0)
@@ -210,10 +210,11 @@ def _ppo_run(tmp_path: Path, lr: float, iterations: int) -> list[float]:
             behaviour = forward(policy, batch)
             old_values, mask = batch.padded(value_head(behaviour.hidden).squeeze(-1))
         old_logprobs, _ = batch.padded(behaviour.token_logprobs)
-        ref_logprobs, _ = batch.padded(reference_logprobs(policy, batch).token_logprobs.clone())
-        kl = kl_penalty(old_logprobs, ref_logprobs, "k1")
-        advantages, returns = gae(token_rewards(scores, kl, mask, kl_coef=0.02), old_values, mask, 1.0, 0.95)
-        advantages = whiten_advantages(advantages, mask)
+        ref_logprobs, _ = batch.padded(reference_logprobs(policy, batch).token_logprobs)
+        rollout = ppo_advantages(scores, old_logprobs, ref_logprobs, old_values, mask, config,
+                                 kl_control.value)
+        kl_control.update(rollout.sequence_kl, samples=len(scores))
+        advantages, returns = rollout.advantages, rollout.returns
         # update: two epochs over the batch
         for _epoch in range(2):
             out = forward(policy, batch)

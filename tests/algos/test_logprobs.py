@@ -75,6 +75,10 @@ def test_bf16_stays_close_to_fp32(tiny_model: Path) -> None:
         return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
 
     fp32, bf16 = lora_policy(load(), LoraSpec()), lora_policy(load(), LoraSpec(), "bf16")
+    torch.manual_seed(0)
+    for name, parameter in fp32.named_parameters():
+        if "lora_B" in name:  # a trained-looking adapter, so the bf16 adapter path is exercised
+            torch.nn.init.normal_(parameter, std=0.3)
     bf16.load_state_dict(fp32.state_dict())
     assert all(p.dtype == torch.float32 for p in bf16.parameters() if p.requires_grad)
     assert all(p.dtype == torch.bfloat16 for p in bf16.parameters() if not p.requires_grad)
@@ -83,7 +87,9 @@ def test_bf16_stays_close_to_fp32(tiny_model: Path) -> None:
         exact = forward(fp32, batch).token_logprobs
         with autocast("bf16"):
             approx = forward(bf16, batch).token_logprobs
+            base = reference_logprobs(bf16, batch, "bf16").token_logprobs
     assert (approx - exact).abs().max().item() < 0.1
+    assert (approx - base).abs().max().item() > 0.3  # the adapter is doing something
 
 
 def test_reward_model_reads_each_completion_s_last_token(tiny_model: Path) -> None:

@@ -13,9 +13,11 @@ from online_rl.algos import (
     KLControlConfig,
     PPOConfig,
     aggregate,
+    entropy_from_logits,
     gae,
     kl_penalty,
     policy_loss,
+    ppo_advantages,
     token_rewards,
     value_loss,
 )
@@ -127,12 +129,59 @@ def test_policy_gradient_raises_the_probability_of_advantaged_tokens() -> None:
     actions = torch.tensor([0, 1, 2, 3])
     logp = torch.log_softmax(logits, -1)[torch.arange(4), actions].view(1, 4)
     advantages = torch.tensor([[1.0, -1.0, 0.5, -0.5]])
-    out = policy_loss(logp, logp.detach(), advantages, torch.ones(1, 4), PPOConfig(entropy_coef=0.01),
-                      entropy=torch.full((1, 4), 1.0))
+    out = policy_loss(logp, logp.detach(), advantages, torch.ones(1, 4), PPOConfig())
     out.loss.backward()
     assert logits.grad is not None and torch.isfinite(logits.grad).all()
     moved = -logits.grad[torch.arange(4), actions]  # gradient descent direction on each chosen logit
     assert moved[0] > 0 and moved[2] > 0 and moved[1] < 0 and moved[3] < 0
+
+
+def test_entropy_bonus_flattens_the_distribution() -> None:
+    logits = torch.tensor([[3.0, 0.0, 0.0, 0.0]], requires_grad=True)
+    logp = torch.log_softmax(logits, -1)[:, :1]
+    entropy = entropy_from_logits(logits).view(1, 1)
+    out = policy_loss(logp, logp.detach(), torch.zeros(1, 1), torch.ones(1, 1), PPOConfig(entropy_coef=0.5),
+                      entropy=entropy)
+    out.loss.backward()
+    assert logits.grad is not None and logits.grad[0, 0] > 0  # descent lowers the dominant logit
+    assert out.entropy is not None and out.entropy.item() == pytest.approx(entropy.item())
+
+
+def test_approx_kl_estimates_kl_of_old_to_new() -> None:
+    # pi_old = [.5, .5], pi = [.9, .1]; tokens sampled from pi_old: half token 0, half token 1
+    old = torch.log(torch.tensor([[0.5, 0.5]]))
+    new = torch.log(torch.tensor([[0.9, 0.1]]))
+    out = policy_loss(new, old, torch.zeros(1, 2), torch.ones(1, 2), PPOConfig())
+    exact = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)
+    assert out.approx_kl.item() == pytest.approx(exact, rel=1e-4)
+
+
+def test_non_finite_padding_does_not_leak() -> None:
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.6, float("nan")]])
+    rewards = torch.tensor([[0.0, 1.0, float("inf")]])
+    advantages, returns = gae(rewards, values, mask)
+    assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
+    logp = torch.tensor([[-1.0, -2.0, float("-inf")]])
+    kl = kl_penalty(logp, torch.tensor([[-1.5, -1.0, float("-inf")]]), "k1")  # NaN on padding
+    assert torch.isfinite(token_rewards(torch.tensor([1.0]), kl, mask, 0.1)).all()
+    assert torch.isfinite(aggregate(kl, mask, "seq-mean-token-mean"))
+
+
+def test_ppo_advantages_follow_the_config() -> None:
+    scores = torch.tensor([1.0, 0.0])
+    logp = torch.tensor([[-1.0, -1.0], [-2.0, 0.0]])
+    ref = torch.tensor([[-1.5, -1.0], [-2.0, 0.0]])
+    values = torch.tensor([[0.2, 0.1], [0.3, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    raw = ppo_advantages(scores, logp, ref, values, mask, PPOConfig(whiten_advantages=False, gamma=0.9), 0.1)
+    rewards = token_rewards(scores, kl_penalty(logp, ref, "k1"), mask, 0.1)
+    expected, returns = gae(rewards, values, mask, gamma=0.9, lam=0.95)
+    assert torch.allclose(raw.advantages, expected) and torch.allclose(raw.returns, returns)
+    assert raw.sequence_kl == pytest.approx(0.25)  # (0.5 + 0) / 2 sequences
+    whitened = ppo_advantages(scores, logp, ref, values, mask, PPOConfig(kl_estimator="k3"), 0.1)
+    assert whitened.advantages[mask.bool()].mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert whitened.kl[0, 0].item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)
 
 
 def test_value_loss_clips_by_hand() -> None:
