@@ -11,8 +11,8 @@ On the embedded model (SmolLM2-135M-Instruct) with LoRA r=8 on q,k,v,o, for each
 The first step of each is a warm-up and is not timed. Tokens are counted the same way for both: the
 tokens of each pair's chosen and rejected sequences (prompt + completion, each). `bf16` is mixed
 precision on both sides: frozen base weights stored in bfloat16, LoRA weights in float32, matrix
-products under bfloat16 autocast. MFU is the model FLOP/s of our step (forward, backward of the
-policy, forward of the reference; prompts counted once, as computed) over the best rate a large
+products under bfloat16 autocast. MFU is the model FLOP/s of our step (forward and backward of
+the policy, forward of the reference; prompts counted once, as computed) over the best rate a large
 matrix product reaches here in the same precision (the VM hides its clock, so the datasheet peak is
 unknown; `peak_gflops` reports the measured figure).
 The last line is one JSON object: `ratio_vs_trl` (tokens/s ours / TRL, both bf16), `ratio_vs_trl_fp32`
@@ -116,6 +116,10 @@ def run_trl(model_dir: Path, rows: list[dict[str, str]], spec: LoraSpec, batch: 
         trainer.data_collator = recording
         start = time.perf_counter()
         trainer.train()
+    longest = max(len(p) + max(len(c), len(r)) for batch_ in drawn for p, c, r in batch_)
+    if longest > 128:
+        raise SystemExit(f"a pair has {longest} tokens: TRL would truncate it to max_length 128 and the "
+                         "two sides would not do the same work; shorten the answers in dataset()")
     marks = [start, *ends]
     return drawn[:steps], [b - a for a, b in itertools.pairwise(marks)]
 
@@ -141,19 +145,25 @@ def step_flops(model: Any, pairs: Sequence[Pair], spec: LoraSpec) -> float:
     weight gradients) + reference forward, with each prompt once and the LM head on completion tokens."""
     c = model.config
     d, layers, heads, kv = c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads
-    head_dim = d // heads
-    per_token_linear = layers * 2 * (d * d * 2 + d * kv * head_dim * 2 + 3 * d * c.intermediate_size)
-    lora_per_token = layers * 2 * spec.rank * (d + d + d + kv * head_dim + d + kv * head_dim + d + d)
-    forward = 0.0
+    head_dim = getattr(c, "head_dim", None) or d // heads
+    q_size = heads * head_dim
+    per_token_linear = layers * 2 * (d * q_size * 2 + d * kv * head_dim * 2 + 3 * d * c.intermediate_size)
+    # LoRA on q, k, v, o: 2 r (in + out) per adapted product
+    lora_per_token = layers * 2 * spec.rank * (4 * d + 2 * q_size + 2 * kv * head_dim)
+    base = lora = attention = 0.0
     for p, ch, rj in pairs:
         tokens = len(p) + len(ch) + len(rj)
         # attention: each query against the keys it sees (prompt + its own branch), QK and AV
         seen = sum(range(1, len(p) + 1)) + sum(len(p) + i for b in (ch, rj) for i in range(1, len(b) + 1))
-        forward += tokens * (per_token_linear + lora_per_token) + layers * 4 * d * seen
-        forward += (len(ch) + len(rj)) * 2 * d * c.vocab_size
-    # backward of the policy: input gradients (= forward) plus LoRA weight gradients (= LoRA forward)
-    lora_total = sum(len(p) + len(ch) + len(rj) for p, ch, rj in pairs) * lora_per_token
-    return forward + (forward + lora_total) + forward
+        base += tokens * per_token_linear + (len(ch) + len(rj)) * 2 * d * c.vocab_size
+        lora += tokens * lora_per_token
+        attention += layers * 4 * q_size * seen
+    reference = base + attention  # adapter disabled
+    policy = base + lora + attention
+    # backward: input gradients through every product (= the forward's), attention twice (dQ, dK, dV,
+    # dP), LoRA weight gradients (= the LoRA forward)
+    backward = base + 2 * lora + 2 * attention
+    return reference + policy + backward
 
 
 def peak_flops(dtype: torch.dtype, size: int = 2048, repeats: int = 8) -> float:
