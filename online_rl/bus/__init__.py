@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from online_rl.bus.base import (
+    AssignCallback,
     Bus,
     BusError,
     BusUnavailable,
@@ -32,6 +33,7 @@ __all__ = [
     "INTERACTIONS",
     "JOIN_STATE",
     "SAMPLES",
+    "AssignCallback",
     "Bus",
     "BusError",
     "BusUnavailable",

@@ -23,6 +23,7 @@ from typing import NamedTuple
 from online_rl.errors import OnlineRLError
 
 __all__ = [
+    "AssignCallback",
     "Bus",
     "BusError",
     "BusUnavailable",
@@ -104,6 +105,9 @@ class RecordMetadata:
 
 Headers = Sequence[tuple[str, bytes]]
 RebalanceCallback = Callable[[list[TopicPartition]], None]
+# Called with newly assigned partitions; may return where to start reading some of them (the trainer
+# resumes at its checkpoint's offsets, which can lie before the group's committed ones).
+AssignCallback = Callable[[list[TopicPartition]], Mapping[TopicPartition, int] | None]
 
 
 def murmur2(data: bytes) -> int:
@@ -191,11 +195,13 @@ class Consumer(abc.ABC):
     def subscribe(
         self,
         topics: Sequence[str],
-        on_assign: RebalanceCallback | None = None,
+        on_assign: AssignCallback | None = None,
         on_revoke: RebalanceCallback | None = None,
     ) -> None:
-        """Join the group for `topics`. `on_revoke` runs before partitions move away: commit
-        what is durably processed there; anything uncommitted is re-read by the next owner."""
+        """Join the group for `topics`. `on_assign` runs when partitions arrive and may return the
+        offsets to start them at (default: the group's committed offsets). `on_revoke` runs before
+        partitions move away: commit what is durably processed there; anything uncommitted is
+        re-read by the next owner."""
 
     @abc.abstractmethod
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:

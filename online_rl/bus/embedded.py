@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from online_rl.bus.base import (
+    AssignCallback,
     Bus,
     BusError,
     CommitFailed,
@@ -283,7 +284,7 @@ class _EmbeddedConsumer(Consumer):
         self._reset = reset
         self._session_timeout = session_timeout
         self._topics: list[str] = []
-        self._on_assign: RebalanceCallback | None = None
+        self._on_assign: AssignCallback | None = None
         self._on_revoke: RebalanceCallback | None = None
         self._assigned: list[TopicPartition] = []
         self._positions: dict[TopicPartition, int] = {}
@@ -294,7 +295,7 @@ class _EmbeddedConsumer(Consumer):
     def subscribe(
         self,
         topics: Sequence[str],
-        on_assign: RebalanceCallback | None = None,
+        on_assign: AssignCallback | None = None,
         on_revoke: RebalanceCallback | None = None,
     ) -> None:
         for topic in topics:
@@ -366,7 +367,10 @@ class _EmbeddedConsumer(Consumer):
                 start = 0 if self._reset == "earliest" else self._end(tp)
             self._positions[tp] = start
         if self._on_assign:
-            self._on_assign(gained)
+            starts = self._on_assign(gained) or {}
+            for tp in gained:
+                if tp in starts:
+                    self._positions[tp] = starts[tp]
 
     def _owned(self) -> set[TopicPartition]:
         rows = self._db.read(

@@ -19,6 +19,7 @@ import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from online_rl.bus.base import (
+    AssignCallback,
     Bus,
     BusError,
     BusUnavailable,
@@ -230,15 +231,20 @@ class _KafkaConsumer(Consumer):
     def subscribe(
         self,
         topics: Sequence[str],
-        on_assign: RebalanceCallback | None = None,
+        on_assign: AssignCallback | None = None,
         on_revoke: RebalanceCallback | None = None,
     ) -> None:
-        def assigned(_: Any, parts: list[ck.TopicPartition]) -> None:
+        def assigned(consumer: Any, parts: list[ck.TopicPartition]) -> None:
             tps = [TopicPartition(p.topic, p.partition) for p in parts]
             self._assigned = sorted(set(self._assigned) | set(tps))
             self._generation += 1
-            if on_assign:
-                on_assign(tps)
+            starts = on_assign(tps) if on_assign else None
+            if starts:
+                # Offsets set on the partitions before assigning them are where fetching starts.
+                for part, tp in zip(parts, tps, strict=True):
+                    if tp in starts:
+                        part.offset = starts[tp]
+                consumer.assign(parts)
 
         def revoked(_: Any, parts: list[ck.TopicPartition]) -> None:
             tps = [TopicPartition(p.topic, p.partition) for p in parts]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -72,10 +72,19 @@ class Stream(Generic[T]):
         poll_timeout: float = 0.5,
         max_records: int = 500,
         dlq_topic: str = DLQ,
+        start_offsets: Mapping[TopicPartition, int] | None = None,
     ) -> Stream[E]:
-        """Events of `event_type` from `topic`; undecodable records go to the dead-letter topic."""
+        """Events of `event_type` from `topic`; undecodable records go to the dead-letter topic.
+
+        `start_offsets` (a checkpoint's) override the group's committed offsets for those partitions.
+        """
         consumer = bus.consumer(group_id)
-        consumer.subscribe([topic])
+        starts = dict(start_offsets or {})
+
+        def start(assigned: list[TopicPartition]) -> dict[TopicPartition, int]:
+            return {tp: starts[tp] for tp in assigned if tp in starts}
+
+        consumer.subscribe([topic], on_assign=start)
         producer = bus.producer()
         dead = DeadLetters(producer, f"stream:{group_id}", dlq_topic)
 

@@ -76,6 +76,21 @@ def test_commit_then_resume_in_a_new_consumer(bus: Bus, topic: str) -> None:
     assert [int(r.value) for r in again] == list(range(10, 50))
     second.close()
 
+    # A member that keeps its own offsets (the trainer's checkpoint) starts where it says, even
+    # before the group's committed offset, from the moment the partition is assigned.
+    third = bus.consumer(group)
+    seen: list[TopicPartition] = []
+
+    def start_at_checkpoint(assigned: list[TopicPartition]) -> dict[TopicPartition, int]:
+        seen.extend(assigned)
+        return {tp: 20}
+
+    third.subscribe([topic], on_assign=start_at_checkpoint)
+    resumed = drain(third, 30)
+    assert seen == [tp]
+    assert [int(r.value) for r in resumed] == list(range(20, 50))
+    third.close()
+
 
 def test_two_consumers_share_a_group_and_take_over_when_one_leaves(
     make_bus: BusFactory, topic: str
