@@ -33,6 +33,7 @@ __all__ = [
     "ModelConfig",
     "RayConfig",
     "Settings",
+    "TrainerConfig",
     "default_cache_dir",
     "get_settings",
     "load_settings",
@@ -188,6 +189,44 @@ class RayConfig(BaseModel):
     num_cpus: int = Field(default=2, ge=1, le=1024, description="CPUs for a local Ray runtime.")
 
 
+class TrainerConfig(BaseModel):
+    """The long-running trainer (`online-rl trainer`)."""
+
+    algorithm: Literal["auto", "dpo", "kto"] = Field(
+        default="auto",
+        description="auto: DPO on preference pairs and KTO on thumbs/ratings in the same step; dpo or "
+        "kto: only that kind of sample (the others are skipped, not dead-lettered).",
+    )
+    batch_size: int = Field(default=8, ge=1, le=4096, description="Samples per training step.")
+    batch_timeout_s: float = Field(
+        default=5.0, gt=0, description="Train on a partial batch after this many idle seconds."
+    )
+    learning_rate: float = Field(default=5e-5, gt=0, le=1.0, description="AdamW learning rate.")
+    beta: float = Field(default=0.1, gt=0, description="DPO/KTO beta: the strength of the KL anchor.")
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="bf16: base weights in bfloat16, adapter in float32 (fast on AMX/GPUs)."
+    )
+    lora_rank: int = Field(default=8, ge=1, le=256, description="LoRA rank.")
+    lora_alpha: int = Field(default=16, ge=1, description="LoRA alpha (scale = alpha / rank).")
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="Modules that get a LoRA adapter.",
+    )
+    publish_every_samples: int = Field(
+        default=256, ge=1, description="Publish a new version after this many samples trained since the last."
+    )
+    publish_every_s: float = Field(
+        default=600.0, gt=0, description="...or after this many seconds, if any sample was trained since."
+    )
+    checkpoint_dir: Path | None = Field(
+        default=None, description="Where checkpoints live. Empty means <cache_dir>/trainer/checkpoints."
+    )
+    keep_checkpoints: int = Field(default=3, ge=1, description="Checkpoints kept on disk.")
+    experiment: str = Field(default="online-rl-trainer", min_length=1, description="MLflow experiment.")
+    group_id: str = Field(default="orl-trainer", min_length=1, description="Consumer group on the samples.")
+    seed: int = Field(default=0, description="Seed of the adapter's initialisation and of dropout.")
+
+
 _yaml_data: ContextVar[dict[str, Any] | None] = ContextVar("_yaml_data", default=None)
 
 
@@ -223,6 +262,7 @@ class Settings(BaseSettings):
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -247,6 +287,11 @@ class Settings(BaseSettings):
     def bus_path(self) -> Path:
         """The embedded bus's SQLite file."""
         return self.bus.embedded_path or self.cache_dir / "bus" / "bus.db"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where the trainer's checkpoints live."""
+        return self.trainer.checkpoint_dir or self.cache_dir / "trainer" / "checkpoints"
 
     @property
     def adapters_dir(self) -> Path:

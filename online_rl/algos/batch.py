@@ -75,8 +75,17 @@ def kto_batch_loss(model: Any, samples: Sequence[tuple[TokenIds, TokenIds, bool]
     """KTO on (prompt, completion, thumbs up?) samples.
 
     Each prompt is packed with its own completion and with the next sample's completion (the mismatched
-    pair of the KL reference point), so the reference point costs no extra pass over the prompts.
+    pair of the KL reference point), so the reference point costs no extra pass over the prompts. A
+    batch of one has no partner: its reference point is 0.
     """
+    if len(samples) == 1:  # nothing to mismatch with: the reference point is 0 (KTO's floor)
+        prompt, completion, up = samples[0]
+        batch = pack([Sample(prompt, (completion,))])
+        reference = reference_logprobs(model, batch, precision).sequence_logprobs
+        with autocast(precision, _device(model)):
+            policy = forward(model, batch).sequence_logprobs
+        desirable = torch.tensor([up], dtype=torch.bool, device=policy.device)
+        return kto_loss(policy, reference, desirable, policy.new_zeros(()), config)
     partner = mismatched_pairs(len(samples))
     batch = pack([Sample(prompt, (completion, samples[partner[i]][1]))
                   for i, (prompt, completion, _) in enumerate(samples)])

@@ -47,6 +47,10 @@ class DeadLetters:
         )
         self.count += 1
 
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every dead letter sent so far is confirmed."""
+        self._producer.flush(timeout)
+
 
 def decode_or_dead_letter(
     records: Iterable[Record], expected: type[E], dead: DeadLetters

@@ -10,14 +10,18 @@ from online_rl.registry.lineage import (
     verify_adapter_dir,
     write_lineage,
 )
+from online_rl.registry.publish import PublishedVersion, publish_adapter, serving_name
 
 __all__ = [
     "ADAPTER_WEIGHTS",
     "LINEAGE_NAME",
     "AdapterRejected",
     "LineageManifest",
+    "PublishedVersion",
     "file_sha256",
+    "publish_adapter",
     "read_lineage",
+    "serving_name",
     "verify_adapter_dir",
     "write_lineage",
 ]

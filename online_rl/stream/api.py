@@ -47,6 +47,7 @@ class Batch(Generic[T]):
     offsets: dict[TopicPartition, int] = field(default_factory=dict)
     cold_start: int = 0
     consumer: Consumer | None = field(default=None, repr=False)
+    records: list[Record | None] = field(default_factory=list, repr=False)  # per item; None: cold start
 
     def commit(self) -> None:
         """Commit the offsets this batch covers (call only once its effect is durable)."""
@@ -166,11 +167,17 @@ class Stream(Generic[T]):
         return Stream(run, self.consumer)
 
     # -- sinks ------------------------------------------------------------------------------
-    def batch(self, size: int, timeout: float | None = None) -> Iterator[Batch[T]]:
-        """Batches of `size` items; with `timeout`, a partial batch after that many idle seconds."""
+    def batch(self, size: int, timeout: float | None = None,
+              idle_batches: bool = False) -> Iterator[Batch[T]]:
+        """Batches of `size` items; with `timeout`, a partial batch after that many idle seconds.
+
+        With `idle_batches`, an empty batch also comes every `timeout` seconds while the source has
+        nothing, so that a long-running caller regains control (to stop, or to act on time).
+        """
         if size < 1:
             raise ConfigError(f"batch size={size} must be >= 1")
         items: list[T] = []
+        records: list[Record | None] = []
         offsets: dict[TopicPartition, int] = {}
         cold = 0
         started = time.monotonic()
@@ -182,14 +189,15 @@ class Stream(Generic[T]):
                 if not items:
                     started = time.monotonic()
                 items.append(item.value)  # type: ignore[arg-type]
+                records.append(item.record)
                 cold += item.record is None
             expired = timeout is not None and time.monotonic() - started >= timeout
-            if len(items) >= size or (expired and (items or offsets) and item.tick):
-                yield Batch(items, offsets, cold, self.consumer)
-                items, offsets, cold = [], {}, 0
+            if len(items) >= size or (expired and (items or offsets or idle_batches) and item.tick):
+                yield Batch(items, offsets, cold, self.consumer, records)
+                items, records, offsets, cold = [], [], {}, 0
                 started = time.monotonic()
         if items or offsets:
-            yield Batch(items, offsets, cold, self.consumer)
+            yield Batch(items, offsets, cold, self.consumer, records)
 
     def close(self) -> None:
         """Leave the consumer group (nothing is committed)."""

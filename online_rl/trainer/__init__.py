@@ -1,4 +1,5 @@
-"""The long-running trainer: checkpoints (more with its issue)."""
+"""The long-running trainer: a single controller driving a Ray policy worker, with checkpoints that make
+its effect exactly-once and MLflow versions for what it learns."""
 
 from online_rl.trainer.checkpoint import (
     Checkpoint,
@@ -7,5 +8,17 @@ from online_rl.trainer.checkpoint import (
     capture_rng,
     restore_rng,
 )
+from online_rl.trainer.controller import Trainer, TrainerState
+from online_rl.trainer.samples import Routed, route
 
-__all__ = ["Checkpoint", "CheckpointCorrupt", "CheckpointStore", "capture_rng", "restore_rng"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointCorrupt",
+    "CheckpointStore",
+    "Routed",
+    "Trainer",
+    "TrainerState",
+    "capture_rng",
+    "restore_rng",
+    "route",
+]

@@ -1,0 +1,79 @@
+"""Publishing an adapter version: run artifacts, a registered model version, an alias.
+
+A version's files are logged under the trainer's MLflow run, then registered as a new version of the
+registered model (its lineage fields as version tags, so the MLflow UI shows them) and given an alias
+(`challenger` by default). The serving name is `<registered>-v<version>`, never reused.
+
+Knows MLflow's client and the lineage manifest; knows nothing about training.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from online_rl.registry.lineage import verify_adapter_dir
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+__all__ = ["PublishedVersion", "publish_adapter", "serving_name"]
+
+log = logging.getLogger(__name__)
+
+
+def serving_name(registered_model: str, version: str | int) -> str:
+    """The immutable name a version is served under."""
+    return f"{registered_model}-v{version}"
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    registered_model: str
+    version: str
+    alias: str | None
+    source: str
+
+    @property
+    def serving_name(self) -> str:
+        return serving_name(self.registered_model, self.version)
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.registered_model}/{self.version}"
+
+
+def publish_adapter(client: MlflowClient, run_id: str, folder: Path, registered_model: str,
+                    artifact_path: str, alias: str | None = "challenger") -> PublishedVersion:
+    """Log the sealed adapter in `folder` under `run_id`, register it and point `alias` at it."""
+    from mlflow.exceptions import MlflowException
+
+    manifest = verify_adapter_dir(folder)  # never register what serving would refuse
+    client.log_artifacts(run_id, str(folder), artifact_path)
+    try:
+        client.create_registered_model(registered_model, description="LoRA adapters trained by online-rl")
+    except MlflowException as error:
+        if error.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    source = f"{client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+    tags = {
+        "base_model": manifest.base_model,
+        "adapter_sha256": manifest.adapter_sha256,
+        "reward_mapping_version": manifest.reward_mapping_version or "",
+        "behaviour_versions": ",".join(manifest.behaviour_versions),
+        "parent_version": manifest.parent_version or "",
+        "config_hash": manifest.config_hash or "",
+        "offsets": ";".join(f"{topic}/{part}:{first}-{end}"
+                            for topic, parts in sorted(manifest.offsets.items())
+                            for part, (first, end) in sorted(parts.items())),
+        **{f"eval.{name}": f"{value:.6g}" for name, value in manifest.eval.items()},
+    }
+    created = client.create_model_version(registered_model, source=source, run_id=run_id, tags=tags)
+    version = str(created.version)
+    if alias:
+        client.set_registered_model_alias(registered_model, alias, version)
+    log.info("published %s (%s) as %s%s", serving_name(registered_model, version),
+             manifest.adapter_sha256[:12], source, f", alias {alias}" if alias else "")
+    return PublishedVersion(registered_model, version, alias, source)

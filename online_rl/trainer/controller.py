@@ -1,0 +1,285 @@
+"""The trainer's single controller: collect, score, update, checkpoint, publish — forever.
+
+The driver process runs the loop as readable phases; the policy lives in a Ray actor
+(`PolicyWorker`). One MLflow run covers the trainer's lifetime (its resolved config as params, a
+metric row per step). Exactly-once effect: a batch's offsets are committed to the bus only after the
+checkpoint that includes its update is durable, and a restart resumes from the newest readable
+checkpoint at *its* offsets. Samples the trainer can never use go to the dead-letter topic with the
+reason. Publishing (every N samples or T seconds) seals the adapter with its lineage, logs it to the
+run, registers it as a new version and points the `challenger` alias at it.
+
+Data parallelism over several workers, PPO on fresh rollouts, Prometheus metrics and SIGTERM handling
+come with the rest of the trainer's issue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from online_rl.bus import Bus, DeadLetters, TopicPartition, open_bus
+from online_rl.bus.topics import Topics
+from online_rl.events import TrainingSample
+from online_rl.registry import PublishedVersion, file_sha256, publish_adapter, write_lineage
+from online_rl.stream import Stream
+from online_rl.trainer.checkpoint import Checkpoint, CheckpointStore
+from online_rl.trainer.samples import Routed, route
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from online_rl.config import Settings
+
+__all__ = ["Trainer", "TrainerState"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainerState:
+    """What the loop has done; restored from the checkpoint's metadata on restart."""
+
+    step: int = 0
+    samples: int = 0  # trained on
+    offsets: dict[TopicPartition, int] = field(default_factory=dict)  # next to read
+    published_offsets: dict[TopicPartition, int] = field(default_factory=dict)  # at the last publish
+    samples_since_publish: int = 0
+    last_publish: float = field(default_factory=time.time)
+    behaviour_versions: set[str] = field(default_factory=set)
+    reward_mapping_versions: set[str] = field(default_factory=set)
+    parent_version: str | None = None
+    dead_lettered: int = 0
+    skipped: int = 0
+    recent: dict[str, list[float]] = field(default_factory=dict)  # metrics since the last publish
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "published_offsets": [[tp.topic, tp.partition, o]
+                                  for tp, o in sorted(self.published_offsets.items())],
+            "samples_since_publish": self.samples_since_publish,
+            "behaviour_versions": sorted(self.behaviour_versions),
+            "reward_mapping_versions": sorted(self.reward_mapping_versions),
+            "parent_version": self.parent_version,
+            "dead_lettered": self.dead_lettered,
+            "skipped": self.skipped,
+        }
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> TrainerState:
+        meta = checkpoint.metadata
+        return cls(
+            step=checkpoint.step, samples=checkpoint.samples, offsets=dict(checkpoint.offsets),
+            published_offsets={TopicPartition(t, p): o for t, p, o in meta.get("published_offsets", [])},
+            samples_since_publish=meta.get("samples_since_publish", 0),
+            behaviour_versions=set(meta.get("behaviour_versions", [])),
+            reward_mapping_versions=set(meta.get("reward_mapping_versions", [])),
+            parent_version=meta.get("parent_version"), dead_lettered=meta.get("dead_lettered", 0),
+            skipped=meta.get("skipped", 0),
+        )
+
+
+def _config_hash(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Trainer:
+    """The long-running trainer over `settings` (bus, MLflow, Ray and `settings.trainer`)."""
+
+    def __init__(self, settings: Settings, bus: Bus | None = None) -> None:
+        self.settings = settings
+        self.config = settings.trainer
+        self.bus = bus or open_bus(settings)
+        self.topics = Topics(settings.bus.topic_prefix)
+        self.store = CheckpointStore(settings.checkpoint_dir, keep=self.config.keep_checkpoints)
+        self.resolved = self.config.model_dump(mode="json")
+        self.config_hash = _config_hash(self.resolved)
+        self.published: list[PublishedVersion] = []
+        self._worker: Any = None
+        self._client: MlflowClient | None = None
+        self._run_id: str | None = None
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _start(self) -> TrainerState:
+        import ray
+
+        from online_rl.ray_runtime import init_ray
+        from online_rl.tracking import ensure_experiment, mlflow_client
+        from online_rl.trainer.worker import PolicyWorker
+
+        init_ray(self.settings)
+        remote = ray.remote(num_cpus=self.settings.ray.num_cpus)(PolicyWorker)
+        self._worker = remote.remote(str(self.settings.model_dir), self.resolved)
+        self.context = ray.get(self._worker.context_length.remote())
+        self._client = client = mlflow_client(self.settings)
+        experiment = ensure_experiment(client, self.config.experiment, self.settings)
+        run = client.create_run(experiment, tags={"component": "trainer", "config_hash": self.config_hash,
+                                                  "base_model": self.settings.model.name})
+        self._run_id = run.info.run_id
+        flat = {k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in self.resolved.items()}
+        client.log_batch(self._run_id, params=_params(flat | {"base_model": self.settings.model.name}))
+        self.base_sha256 = _base_fingerprint(self.settings.model_dir)
+        checkpoint = self.store.load_latest()
+        if checkpoint is None:
+            log.info("trainer starting fresh (no checkpoint in %s)", self.store.root)
+            return TrainerState()
+        ray.get(self._worker.restore.remote(checkpoint))
+        log.info("trainer resumed from step %d at offsets %s", checkpoint.step, checkpoint.offsets)
+        return TrainerState.from_checkpoint(checkpoint)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self, max_steps: int | None = None, stop: threading.Event | None = None,
+            idle_exit_s: float | None = None) -> TrainerState:
+        """Train until `stop` is set, `max_steps` steps were taken in this call, or (with
+        `idle_exit_s`) the stream stayed empty that long. Returns the final state."""
+        state = self._start()
+        stream: Stream[TrainingSample] = Stream.from_topic(
+            self.topics.samples, self.bus, group_id=self.config.group_id, start_offsets=state.offsets,
+            dlq_topic=self.topics.dlq)
+        dead = DeadLetters(self.bus.producer(), "trainer", self.topics.dlq)
+        taken, idle_since = 0, time.monotonic()
+        try:
+            for batch in stream.batch(self.config.batch_size, timeout=self.config.batch_timeout_s,
+                                      idle_batches=True):
+                if not batch.items and not batch.offsets:  # idle: only time can make something due
+                    if self._due(state):
+                        self._publish(state)
+                        self._checkpoint(state)
+                    if (stop is not None and stop.is_set()) or (
+                            idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s):
+                        break
+                    continue
+                routed = self._score(batch.items, batch.records, dead)             # score
+                if routed.trained:
+                    self._update(state, routed)                                   # update
+                    idle_since = time.monotonic()
+                for tp, offset in batch.offsets.items():
+                    state.offsets[tp] = max(offset, state.offsets.get(tp, 0))
+                if self._due(state):
+                    self._publish(state)                                          # publish
+                self._checkpoint(state)                                           # make it durable
+                batch.commit()                                                    # then commit
+                taken += 1
+                if (max_steps is not None and taken >= max_steps) or (stop is not None and stop.is_set()):
+                    break
+                if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                    break
+        finally:
+            stream.close()
+            self.close()
+        return state
+
+    def close(self) -> None:
+        """End the MLflow run and stop the policy worker (its CPUs go back to Ray)."""
+        if self._client and self._run_id:
+            self._client.set_terminated(self._run_id)
+            self._run_id = None
+        if self._worker is not None:
+            import ray
+
+            ray.kill(self._worker)
+            self._worker = None
+
+    def _score(self, items: list[TrainingSample], records: list[Any], dead: DeadLetters) -> Routed:
+        routed = route(items, self.config.algorithm, self.settings.model.name, self.context)
+        if routed.unusable:
+            by_id = {id(sample): record for sample, record in zip(items, records, strict=True)}
+            for sample, reason in routed.unusable:
+                record = by_id.get(id(sample))
+                if record is not None:
+                    dead.send(record, f"trainer cannot use sample {sample.sample_id}: {reason}")
+            dead.flush()  # the dead letters are durable before their offsets are committed
+        return routed
+
+    def _update(self, state: TrainerState, routed: Routed) -> None:
+        import ray
+        from mlflow.entities import Metric
+
+        metrics = ray.get(self._worker.train_step.remote(routed.pairs, routed.thumbs))
+        state.step += 1
+        state.samples += routed.trained
+        state.samples_since_publish += routed.trained
+        state.behaviour_versions |= routed.behaviour_versions
+        state.reward_mapping_versions |= routed.reward_mapping_versions
+        state.skipped += routed.skipped
+        state.dead_lettered += len(routed.unusable)
+        for name, value in metrics.items():
+            state.recent.setdefault(name, []).append(value)
+        metrics |= {"samples": state.samples, "lag": self._lag(state)}
+        now = int(time.time() * 1000)
+        assert self._client is not None and self._run_id is not None
+        rows = [Metric(k, float(v), now, state.step) for k, v in metrics.items()]
+        self._client.log_batch(self._run_id, metrics=rows)
+        log.info("step %d: %d samples, loss %.4f, %.0f tokens/s", state.step, routed.trained,
+                 metrics["loss"], metrics["tokens_per_s"])
+
+    def _lag(self, state: TrainerState) -> float:
+        ends = self.bus.end_offsets(self.topics.samples)
+        return float(sum(max(0, end - state.offsets.get(tp, 0)) for tp, end in ends.items()))
+
+    def _due(self, state: TrainerState) -> bool:
+        if state.samples_since_publish == 0:
+            return False
+        return (state.samples_since_publish >= self.config.publish_every_samples
+                or time.time() - state.last_publish >= self.config.publish_every_s)
+
+    def _checkpoint(self, state: TrainerState) -> None:
+        import ray
+
+        snapshot = ray.get(self._worker.snapshot.remote())
+        self.store.save(Checkpoint(step=state.step, samples=state.samples, offsets=dict(state.offsets),
+                                   adapter=snapshot["adapter"], optimizer=snapshot["optimizer"],
+                                   rng=snapshot["rng"], metadata=state.metadata()))
+
+    def publish_now(self, state: TrainerState) -> PublishedVersion:
+        return self._publish(state)
+
+    def _publish(self, state: TrainerState) -> PublishedVersion:
+        import ray
+
+        assert self._client is not None and self._run_id is not None
+        offsets: dict[str, dict[str, list[int]]] = {}
+        for tp, end in sorted(state.offsets.items()):
+            first = state.published_offsets.get(tp, 0)
+            if end > first:
+                offsets.setdefault(tp.topic, {})[str(tp.partition)] = [first, end]
+        evaluation = {f"train_{k}": sum(v) / len(v) for k, v in state.recent.items()
+                      if k in ("dpo_accuracy", "dpo_margin", "kto_reward", "loss")}
+        with tempfile.TemporaryDirectory(prefix="orl-publish-") as tmp:
+            folder = Path(tmp) / "adapter"
+            ray.get(self._worker.save_adapter.remote(str(folder)))
+            write_lineage(folder, self.settings.model.name, base_model_sha256=self.base_sha256,
+                          offsets=offsets,
+                          reward_mapping_version=",".join(sorted(state.reward_mapping_versions)) or None,
+                          behaviour_versions=sorted(state.behaviour_versions),
+                          parent_version=state.parent_version, config_hash=self.config_hash, eval=evaluation)
+            published = publish_adapter(self._client, self._run_id, folder,
+                                        self.settings.mlflow.registered_model,
+                                        artifact_path=f"adapters/step-{state.step:09d}")
+        state.parent_version = published.serving_name
+        state.published_offsets = dict(state.offsets)
+        state.samples_since_publish = 0
+        state.last_publish = time.time()
+        state.behaviour_versions, state.reward_mapping_versions, state.recent = set(), set(), {}
+        self.published.append(published)
+        return published
+
+
+def _params(values: dict[str, str]) -> list[Any]:
+    from mlflow.entities import Param
+
+    return [Param(k, v[:6000]) for k, v in values.items()]
+
+
+def _base_fingerprint(model_dir: Path) -> str:
+    """sha256 over the base model's weight files (name and hash of each)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        digest.update(f"{path.name}:{file_sha256(path)}\n".encode())
+    return digest.hexdigest()

@@ -1,0 +1,185 @@
+"""The trainer end to end on a real Kafka broker, a real MLflow store and a real Ray runtime.
+
+A stream of preference pairs for a learnable preference (end the answer with PREFERRED rather than
+AVOIDED) is trained in two lifetimes of the trainer (a restart in between); each lifetime publishes a
+version. Checked: every sample trained exactly once across the restart, the later version prefers
+the preferred ending on held-out prompts more than the earlier one (and the earlier more than the
+base), each version's lineage is complete and its offset ranges tile the stream, the unusable sample
+went to the dead-letter topic, and the MLflow run holds the config and per-step metrics.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from online_rl.bus import Bus, TopicPartition
+from online_rl.bus.kafka import KafkaBus
+from online_rl.bus.topics import Topics
+from online_rl.config import Settings
+from online_rl.events import Completion, Message, TrainingSample, encode
+from online_rl.registry import read_lineage
+from online_rl.trainer import Trainer
+from tests.conftest import TINY_NAME
+from tests.factories import drain
+
+pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+
+PREFERRED, AVOIDED = 1000, 2000
+
+
+def _ids(rng: random.Random, low: int, high: int) -> list[int]:
+    return [rng.randrange(100, 5000) for _ in range(rng.randint(low, high))]
+
+
+def _completion(request_id: str, ids: list[int]) -> Completion:
+    return Completion(request_id=request_id, text="-", token_ids=ids, logprobs=[-1.0] * len(ids))
+
+
+def _pair(i: int, rng: random.Random, model: str = TINY_NAME) -> TrainingSample:
+    prompt, stem = _ids(rng, 2, 6), _ids(rng, 1, 3)
+    return TrainingSample(
+        sample_id=f"s{i}", kind="pair", model=model, user_id=f"u{i % 5}",
+        prompt=[Message(role="user", content=f"q{i}")], prompt_token_ids=prompt,
+        chosen=_completion(f"c{i}", [*stem, PREFERRED]), rejected=_completion(f"r{i}", [*stem, AVOIDED]),
+        feedback_kind="preference", reward_mapping_version="default-test",
+        behaviour_versions=[None, "policy-v0"], created_at=float(i),
+    )
+
+
+def _margin(model_dir: Path, adapter: Path | None, held_out: list[tuple[list[int], list[int]]]) -> float:
+    """Mean log-probability gap between ending with PREFERRED and with AVOIDED on held-out stems."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from online_rl.algos import Sample, forward, pack
+
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    batch = pack([Sample(prompt, [[*stem, PREFERRED], [*stem, AVOIDED]]) for prompt, stem in held_out])
+    with torch.no_grad():
+        sums = forward(model, batch).sequence_logprobs
+    return (sums[0::2] - sums[1::2]).mean().item()
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, tiny_model: Path, tmp_path: Path) -> Settings:
+    return Settings(
+        cache_dir=tmp_path / "cache",
+        kafka={"bootstrap_servers": kafka_bootstrap},  # type: ignore[arg-type]
+        bus={"topic_prefix": f"t{uuid.uuid4().hex[:8]}"},  # type: ignore[arg-type]
+        model={"name": TINY_NAME, "path": tiny_model},  # type: ignore[arg-type]
+        mlflow={"registered_model": "policy"},  # type: ignore[arg-type]
+        trainer={"batch_size": 8, "batch_timeout_s": 1.0, "learning_rate": 5e-3,  # type: ignore[arg-type]
+                 "publish_every_samples": 16, "publish_every_s": 3600},
+    )
+
+
+def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
+    settings: Settings, ray_runtime: None, tiny_model: Path, tmp_path: Path
+) -> None:
+    from mlflow import MlflowClient
+
+    topics = Topics(settings.bus.topic_prefix)
+    bus: Bus = KafkaBus(settings.kafka.bootstrap_servers or "")
+    bus.create_topic(topics.samples, 2)
+    bus.create_topic(topics.dlq, 1)
+    rng = random.Random(0)
+    producer = bus.producer()
+    samples = [_pair(i, rng) for i in range(32)]
+    for sample in samples[:16]:
+        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
+    bad = _pair(99, rng, model="another-model")
+    producer.produce(topics.samples, encode(bad), bad.sample_id.encode())
+    for sample in samples[16:]:
+        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
+    producer.flush()
+    held_out = [(_ids(rng, 2, 6), _ids(rng, 1, 3)) for _ in range(16)]
+
+    # first lifetime: two steps (16 samples) -> version 1; then it stops
+    first = Trainer(settings, bus)
+    state = first.run(max_steps=2)
+    assert state.samples == 16 and [v.version for v in first.published] == ["1"]
+    # second lifetime resumes from the checkpoint and trains the rest -> version 2
+    second = Trainer(settings, bus)
+    state = second.run(idle_exit_s=4.0)
+    assert [v.version for v in second.published] == ["2"]
+    assert state.samples == 32 and state.dead_lettered == 1  # every good sample exactly once
+    ends = bus.end_offsets(topics.samples)
+    assert state.offsets == ends and sum(ends.values()) == 33
+
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    assert str(client.get_model_version_by_alias("policy", "challenger").version) == "2"
+    import mlflow
+
+    folders = [Path(mlflow.artifacts.download_artifacts(f"models:/policy/{v}", dst_path=str(tmp_path / v)))
+               for v in ("1", "2")]
+    manifests = [read_lineage(folder) for folder in folders]
+    for manifest in manifests:
+        assert manifest.base_model == TINY_NAME and manifest.base_model_sha256
+        assert manifest.reward_mapping_version == "default-test"
+        assert manifest.behaviour_versions == ["base", "policy-v0"]
+        assert manifest.config_hash == first.config_hash and "train_dpo_accuracy" in manifest.eval
+    assert manifests[1].parent_version == "policy-v1" and manifests[0].parent_version is None
+    # the two versions' offset ranges tile the stream, partition by partition
+    for tp, end in ends.items():
+        position = 0
+        for manifest in manifests:  # a version whose window read nothing there has no range
+            window = manifest.offsets.get(topics.samples, {}).get(str(tp.partition))
+            if window is not None:
+                assert window[0] == position < window[1]
+                position = window[1]
+        assert position == end
+    version = client.get_model_version("policy", "2")
+    assert version.tags["adapter_sha256"] == manifests[1].adapter_sha256
+
+    base = _margin(tiny_model, None, held_out)
+    v1, v2 = (_margin(tiny_model, folder, held_out) for folder in folders)
+    assert base < v1 < v2, (base, v1, v2)
+
+    dead = bus.consumer(f"check-{uuid.uuid4().hex[:6]}")
+    dead.subscribe([topics.dlq])
+    letters = drain(dead, 1)
+    dead.close()
+    assert len(letters) == 1 and b"another-model" in (letters[0].header("reason") or b"")
+
+    run = client.get_run(version.run_id)
+    assert run.data.params["batch_size"] == "8" and run.data.params["algorithm"] == "auto"
+    # one run per lifetime, one loss per step, steps numbered on across the restart
+    first_run = client.get_model_version("policy", "1").run_id
+    assert [m.step for m in client.get_metric_history(first_run, "loss")] == [1, 2]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert steps == list(range(3, 3 + len(steps))) and len(steps) >= 2
+    bus.close()
+
+
+def test_a_restart_before_the_commit_trains_nothing_twice(settings: Settings, ray_runtime: None) -> None:
+    """The checkpoint, not the group's committed offsets, says where to resume."""
+    from online_rl.trainer import CheckpointStore
+
+    topics = Topics(settings.bus.topic_prefix)
+    bus: Bus = KafkaBus(settings.kafka.bootstrap_servers or "")
+    bus.create_topic(topics.samples, 1)
+    bus.create_topic(topics.dlq, 1)
+    rng = random.Random(1)
+    producer = bus.producer()
+    for i in range(16):
+        sample = _pair(i, rng)
+        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
+    producer.flush()
+    Trainer(settings, bus).run(max_steps=1)
+    tp = TopicPartition(topics.samples, 0)
+    # As if it crashed after the checkpoint but before the commit: a group with nothing committed
+    # (it would start at offset 0) resumes from the checkpoint's offsets instead.
+    uncommitted = settings.model_copy(update={"trainer": settings.trainer.model_copy(
+        update={"group_id": "never-committed"})})
+    state = Trainer(uncommitted, bus).run(idle_exit_s=3.0)
+    assert state.samples == 16 and state.offsets == {tp: 16}
+    assert CheckpointStore(settings.checkpoint_dir).load_latest().samples == 16  # type: ignore[union-attr]
+    bus.close()
