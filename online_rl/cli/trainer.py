@@ -1,0 +1,54 @@
+"""`online-rl trainer`: the long-running trainer, until SIGTERM/SIGINT (or a step budget)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Annotated
+
+import typer
+
+from online_rl.bus import ensure_topics, open_bus
+from online_rl.bus.topics import Topics
+from online_rl.config import load_settings
+
+__all__ = ["trainer_cmd"]
+
+logger = logging.getLogger(__name__)
+
+
+def trainer_cmd(
+    ctx: typer.Context,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Stop after this many steps (default: never).")
+    ] = None,
+    idle_exit: Annotated[
+        float | None, typer.Option(help="Stop once the stream has been empty this many seconds.")
+    ] = None,
+) -> None:
+    """Train on the samples stream; checkpoint, commit and publish versions to MLflow as it goes.
+
+    SIGTERM or SIGINT finish the current step (its checkpoint and commit) and exit cleanly.
+    """
+    from online_rl.ray_runtime import init_ray
+    from online_rl.trainer import Trainer
+
+    settings = load_settings(ctx.obj["config"])
+    init_ray(settings)  # first: Ray installs its own SIGTERM handler, which ours must replace
+    bus = open_bus(settings)
+    ensure_topics(bus, settings.bus.partitions, Topics(settings.bus.topic_prefix))
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logger.info("signal %d: finishing the current step, then stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    trainer = Trainer(settings, bus)
+    state = trainer.run(max_steps=max_steps, stop=stop, idle_exit_s=idle_exit)
+    bus.close()
+    published = ", ".join(v.serving_name for v in trainer.published) or "none"
+    typer.echo(f"trained {state.samples} samples in {state.step} steps; dead-lettered {state.dead_lettered}; "
+               f"published this run: {published}")

@@ -1,0 +1,69 @@
+"""`online-rl trainer` as its own process: it trains what arrives, and SIGTERM stops it cleanly with
+its last step checkpointed and committed (on the embedded bus, with a real MLflow store and Ray)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from online_rl.bus import TopicPartition, ensure_topics
+from online_rl.bus.embedded import EmbeddedBus
+from online_rl.bus.topics import Topics
+from online_rl.config import Settings
+from online_rl.events import encode
+from online_rl.trainer import CheckpointStore
+from tests.conftest import TINY_NAME
+from tests.trainer.test_trainer import _pair
+
+pytestmark = pytest.mark.slow
+
+
+def test_sigterm_finishes_the_step_checkpoints_commits_and_exits(tiny_model: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "ORL_CACHE_DIR": str(tmp_path / "cache"), "ORL_MODEL__NAME": TINY_NAME,
+           "ORL_MODEL__PATH": str(tiny_model), "ORL_TRAINER__BATCH_SIZE": "4",
+           "ORL_TRAINER__BATCH_TIMEOUT_S": "0.5", "ORL_TRAINER__PUBLISH_EVERY_SAMPLES": "8",
+           "ORL_MLFLOW__REGISTERED_MODEL": "policy"}
+    env.pop("ORL_KAFKA__BOOTSTRAP_SERVERS", None)
+    settings = Settings(cache_dir=tmp_path / "cache")
+    bus = EmbeddedBus(settings.bus_path)
+    topics = Topics()
+    ensure_topics(bus, 1, topics)
+    producer = bus.producer()
+    rng = random.Random(3)
+    for i in range(8):
+        sample = _pair(i, rng)
+        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
+    producer.flush()
+
+    process = subprocess.Popen([sys.executable, "-m", "online_rl.cli", "trainer"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    store = CheckpointStore(settings.checkpoint_dir)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and process.poll() is None:
+            latest = store.load_latest() if (store.root / "latest").exists() else None
+            if latest is not None and latest.samples == 8:
+                break
+            time.sleep(1)
+        assert process.poll() is None, process.stdout.read() if process.stdout else ""
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    assert "trained 8 samples" in output and "published this run: policy-v1" in output
+    checkpoint = store.load_latest()
+    tp = TopicPartition(topics.samples, 0)
+    assert checkpoint is not None and checkpoint.offsets == {tp: 8}
+    consumer = bus.consumer(settings.trainer.group_id)
+    assert consumer.committed([tp]) == {tp: 8}
+    consumer.close()
+    bus.close()
