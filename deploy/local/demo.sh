@@ -4,8 +4,8 @@
 # Today it brings up what exists: the embedded model (prepared and verified through transformers
 # and vLLM), a real Kafka broker, the local MLflow store and a Ray runtime, the inference service
 # (OpenAI-compatible; it logs the interaction), the feedback API (a thumbs-up on that answer) and
-# the join into a training sample. Training and canary rollouts are not built yet; see the open
-# issues.
+# the join into a training sample, and the trainer learning from it and publishing a version to
+# MLflow. The canary rollout is not built yet; see the open issues.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
@@ -73,6 +73,31 @@ with FeedbackClient("http://127.0.0.1:8082", os.environ["ORL_DEMO_KEY"]) as clie
 PY
 timeout -s TERM 20 $cli join --window 2 || true
 $cli bus tail orl.samples --count 1
-echo "== 5/5 the learning loop"
-echo "Not built yet: training and canary rollout land with the next issues."
+echo "== 5/5 the learning loop: train on the joined sample, publish a version to MLflow"
+run_dir=$(mktemp -d)
+ORL_TRAINER__CHECKPOINT_DIR="$run_dir/checkpoints" ORL_TRAINER__GROUP_ID="demo-$(basename "$run_dir")" \
+  ORL_TRAINER__PUBLISH_EVERY_SAMPLES=1 ORL_TRAINER__BATCH_TIMEOUT_S=2 ORL_TRAINER__PRECISION=bf16 \
+  $cli trainer --idle-exit 8
+.venv/bin/python - <<'PY'
+import tempfile
+from pathlib import Path
+
+import mlflow
+from online_rl.config import load_settings
+from online_rl.registry import read_lineage
+from online_rl.tracking import mlflow_client
+
+settings = load_settings()
+client = mlflow_client(settings)  # also points MLflow's model registry at this store
+name = settings.mlflow.registered_model
+version = client.get_model_version_by_alias(name, "challenger")
+with tempfile.TemporaryDirectory() as tmp:
+    folder = mlflow.artifacts.download_artifacts(f"models:/{name}@challenger", dst_path=tmp)
+    lineage = read_lineage(Path(folder))
+print(f"MLflow: {name} version {version.version} (alias challenger), adapter {lineage.adapter_sha256[:12]}, "
+      f"trained on {lineage.offsets}, behaviour versions {lineage.behaviour_versions}")
+print(f"Browse it: .venv/bin/mlflow ui --backend-store-uri {settings.mlflow_tracking_uri}")
+PY
+rm -rf "$run_dir"
+echo "Not built yet: the canary rollout that would serve this version lands with the next issue."
 echo "The Kafka broker is left running; stop it with: make kafka-stop"

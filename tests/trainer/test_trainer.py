@@ -84,7 +84,7 @@ def settings(kafka_bootstrap: str, tiny_model: Path, tmp_path: Path) -> Settings
 def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
     settings: Settings, ray_runtime: None, tiny_model: Path, tmp_path: Path
 ) -> None:
-    from mlflow import MlflowClient
+    from online_rl.tracking import mlflow_client
 
     topics = Topics(settings.bus.topic_prefix)
     bus: Bus = KafkaBus(settings.kafka.bootstrap_servers or "")
@@ -114,7 +114,7 @@ def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
     ends = bus.end_offsets(topics.samples)
     assert state.offsets == ends and sum(ends.values()) == 33
 
-    client = MlflowClient(settings.mlflow_tracking_uri)
+    client = mlflow_client(settings)  # points MLflow's registry at this store too
     assert str(client.get_model_version_by_alias("policy", "challenger").version) == "2"
     import mlflow
 
