@@ -26,6 +26,9 @@ def trainer_cmd(
     idle_exit: Annotated[
         float | None, typer.Option(help="Stop once the stream has been empty this many seconds.")
     ] = None,
+    metrics_port: Annotated[
+        int, typer.Option(help="Serve Prometheus metrics on this port (0: do not serve).")
+    ] = 9400,
 ) -> None:
     """Train on the samples stream; checkpoint, commit and publish versions to MLflow as it goes.
 
@@ -47,6 +50,11 @@ def trainer_cmd(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     trainer = Trainer(settings, bus)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, registry=trainer.metrics.registry)
+        logger.info("metrics on http://0.0.0.0:%d/metrics", metrics_port)
     state = trainer.run(max_steps=max_steps, stop=stop, idle_exit_s=idle_exit)
     bus.close()
     published = ", ".join(v.serving_name for v in trainer.published) or "none"

@@ -30,6 +30,7 @@ from online_rl.events import TrainingSample
 from online_rl.registry import PublishedVersion, file_sha256, publish_adapter, write_lineage
 from online_rl.stream import Stream
 from online_rl.trainer.checkpoint import Checkpoint, CheckpointStore
+from online_rl.trainer.metrics import TrainerMetrics
 from online_rl.trainer.samples import Routed, route
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class Trainer:
         self.resolved = self.config.model_dump(mode="json")
         self.config_hash = _config_hash(self.resolved)
         self.published: list[PublishedVersion] = []
+        self.metrics = TrainerMetrics()
         self._worker: Any = None
         self._client: MlflowClient | None = None
         self._run_id: str | None = None
@@ -156,11 +158,11 @@ class Trainer:
                         break
                     continue
                 routed = self._score(batch.items, batch.records, dead)             # score
+                for tp, offset in batch.offsets.items():
+                    state.offsets[tp] = max(offset, state.offsets.get(tp, 0))
                 if routed.trained:
                     self._update(state, routed)                                   # update
                     idle_since = time.monotonic()
-                for tp, offset in batch.offsets.items():
-                    state.offsets[tp] = max(offset, state.offsets.get(tp, 0))
                 if self._due(state):
                     self._publish(state)                                          # publish
                 self._checkpoint(state)                                           # make it durable
@@ -212,6 +214,12 @@ class Trainer:
         for name, value in metrics.items():
             state.recent.setdefault(name, []).append(value)
         metrics |= {"samples": state.samples, "lag": self._lag(state)}
+        self.metrics.steps.inc()
+        self.metrics.samples.inc(routed.trained)
+        self.metrics.dead_letters.inc(len(routed.unusable))
+        self.metrics.lag.set(metrics["lag"])
+        self.metrics.loss.set(metrics["loss"])
+        self.metrics.step_seconds.observe(metrics["step_s"])
         now = int(time.time() * 1000)
         assert self._client is not None and self._run_id is not None
         rows = [Metric(k, float(v), now, state.step) for k, v in metrics.items()]
@@ -268,6 +276,7 @@ class Trainer:
         state.last_publish = time.time()
         state.behaviour_versions, state.reward_mapping_versions, state.recent = set(), set(), {}
         self.published.append(published)
+        self.metrics.published_version.set(int(published.version))
         return published
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from online_rl.bus import TopicPartition, ensure_topics
@@ -19,7 +20,7 @@ from online_rl.bus.topics import Topics
 from online_rl.config import Settings
 from online_rl.events import encode
 from online_rl.trainer import CheckpointStore
-from tests.conftest import TINY_NAME
+from tests.conftest import TINY_NAME, _free_port
 from tests.trainer.test_trainer import _pair
 
 pytestmark = pytest.mark.slow
@@ -42,8 +43,9 @@ def test_sigterm_finishes_the_step_checkpoints_commits_and_exits(tiny_model: Pat
         producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
     producer.flush()
 
-    process = subprocess.Popen([sys.executable, "-m", "online_rl.cli", "trainer"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    port = _free_port()
+    command = [sys.executable, "-m", "online_rl.cli", "trainer", "--metrics-port", str(port)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     store = CheckpointStore(settings.checkpoint_dir)
     try:
         deadline = time.monotonic() + 180
@@ -53,6 +55,10 @@ def test_sigterm_finishes_the_step_checkpoints_commits_and_exits(tiny_model: Pat
                 break
             time.sleep(1)
         assert process.poll() is None, process.stdout.read() if process.stdout else ""
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert "orl_trainer_samples_total 8.0" in scraped
+        assert "orl_trainer_last_published_version 1.0" in scraped
+        assert "orl_trainer_lag_records 0.0" in scraped
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=90)
     finally:
