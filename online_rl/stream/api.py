@@ -74,16 +74,22 @@ class Stream(Generic[T]):
         max_records: int = 500,
         dlq_topic: str = DLQ,
         start_offsets: Mapping[TopicPartition, int] | None = None,
+        start_missing_at: int | None = None,
     ) -> Stream[E]:
         """Events of `event_type` from `topic`; undecodable records go to the dead-letter topic.
 
-        `start_offsets` (a checkpoint's) override the group's committed offsets for those partitions.
+        `start_offsets` (a checkpoint's) override the group's committed offsets for those partitions,
+        at every assignment; the mapping is read when a partition is assigned, so a caller may keep it
+        up to date. With `start_missing_at`, partitions it does not list start there too.
         """
         consumer = bus.consumer(group_id)
-        starts = dict(start_offsets or {})
+        starts: Mapping[TopicPartition, int] = start_offsets if start_offsets is not None else {}
 
         def start(assigned: list[TopicPartition]) -> dict[TopicPartition, int]:
-            return {tp: starts[tp] for tp in assigned if tp in starts}
+            out = {tp: starts[tp] for tp in assigned if tp in starts}
+            if start_missing_at is not None:
+                out |= {tp: start_missing_at for tp in assigned if tp not in out}
+            return out
 
         consumer.subscribe([topic], on_assign=start)
         producer = bus.producer()

@@ -166,10 +166,16 @@ class CheckpointStore:
             (staging / _MANIFEST).write_text(json.dumps(manifest))
             for file in (_TENSORS, _STATE, _MANIFEST):
                 _fsync(staging / file)
+            _fsync(staging)
             final = self.root / name
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(staging, final)
+            if final.exists():  # the same step again (nothing trained since): keep it until replaced
+                previous = self.root / f".{name}-replaced"
+                shutil.rmtree(previous, ignore_errors=True)
+                os.replace(final, previous)
+                os.replace(staging, final)
+                shutil.rmtree(previous, ignore_errors=True)
+            else:
+                os.replace(staging, final)
             self._point_latest(name)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -192,6 +198,10 @@ class CheckpointStore:
 
     def complete(self) -> list[Path]:
         """Checkpoint folders that finished writing, oldest first."""
+        for previous in self.root.glob(".step-*-replaced"):  # a crash while replacing the same step
+            final = self.root / previous.name[1:].removesuffix("-replaced")
+            if not final.exists() and (previous / _MANIFEST).is_file():
+                os.replace(previous, final)
         return sorted(p for p in self.root.glob("step-*") if (p / _MANIFEST).is_file())
 
     def load(self, folder: Path) -> Checkpoint:

@@ -8,8 +8,8 @@ checkpoint at *its* offsets. Samples the trainer can never use go to the dead-le
 reason. Publishing (every N samples or T seconds) seals the adapter with its lineage, logs it to the
 run, registers it as a new version and points the `challenger` alias at it.
 
-Data parallelism over several workers, PPO on fresh rollouts, Prometheus metrics and SIGTERM handling
-come with the rest of the trainer's issue.
+Data parallelism over several workers and PPO on fresh rollouts come with the rest of the trainer's
+issue. `online-rl trainer` adds Prometheus metrics and SIGTERM handling around this class.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import logging
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from online_rl.bus import Bus, DeadLetters, TopicPartition, open_bus
 from online_rl.bus.topics import Topics
 from online_rl.events import TrainingSample
 from online_rl.registry import PublishedVersion, file_sha256, publish_adapter, write_lineage
-from online_rl.stream import Stream
+from online_rl.stream import Batch, Stream
 from online_rl.trainer.checkpoint import Checkpoint, CheckpointStore
 from online_rl.trainer.metrics import TrainerMetrics
 from online_rl.trainer.samples import Routed, route
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
     from online_rl.config import Settings
 
-__all__ = ["Trainer", "TrainerState"]
+__all__ = ["Trainer", "TrainerState", "drop_trained"]
 
 log = logging.getLogger(__name__)
 
@@ -140,15 +141,22 @@ class Trainer:
             idle_exit_s: float | None = None) -> TrainerState:
         """Train until `stop` is set, `max_steps` steps were taken in this call, or (with
         `idle_exit_s`) the stream stayed empty that long. Returns the final state."""
-        state = self._start()
-        stream: Stream[TrainingSample] = Stream.from_topic(
-            self.topics.samples, self.bus, group_id=self.config.group_id, start_offsets=state.offsets,
-            dlq_topic=self.topics.dlq)
-        dead = DeadLetters(self.bus.producer(), "trainer", self.topics.dlq)
-        taken, idle_since = 0, time.monotonic()
+        stream: Stream[TrainingSample] | None = None
+        failed = True
         try:
+            state = self._start()
+            # Where to (re)start each partition: always the last durable checkpoint's offsets, kept
+            # up to date below and read at every assignment, so a rebalance cannot replay trained
+            # records; a partition the checkpoint never saw starts at its beginning.
+            self._durable = dict(state.offsets)
+            stream = Stream.from_topic(self.topics.samples, self.bus, group_id=self.config.group_id,
+                                       start_offsets=self._durable, start_missing_at=0,
+                                       dlq_topic=self.topics.dlq)
+            dead = DeadLetters(self.bus.producer(), "trainer", self.topics.dlq)
+            taken, idle_since = 0, time.monotonic()
             for batch in stream.batch(self.config.batch_size, timeout=self.config.batch_timeout_s,
                                       idle_batches=True):
+                drop_trained(batch, state.offsets)
                 if not batch.items and not batch.offsets:  # idle: only time can make something due
                     if self._due(state):
                         self._publish(state)
@@ -158,6 +166,9 @@ class Trainer:
                         break
                     continue
                 routed = self._score(batch.items, batch.records, dead)             # score
+                state.skipped += routed.skipped
+                state.dead_lettered += len(routed.unusable)
+                self.metrics.dead_letters.inc(len(routed.unusable))
                 for tp, offset in batch.offsets.items():
                     state.offsets[tp] = max(offset, state.offsets.get(tp, 0))
                 if routed.trained:
@@ -167,26 +178,31 @@ class Trainer:
                     self._publish(state)                                          # publish
                 self._checkpoint(state)                                           # make it durable
                 batch.commit()                                                    # then commit
+                self._durable.update(state.offsets)
                 taken += 1
                 if (max_steps is not None and taken >= max_steps) or (stop is not None and stop.is_set()):
                     break
                 if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
                     break
+            failed = False
         finally:
-            stream.close()
-            self.close()
+            if stream is not None:
+                stream.close()
+            self.close(failed)
         return state
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """End the MLflow run and stop the policy worker (its CPUs go back to Ray)."""
-        if self._client and self._run_id:
-            self._client.set_terminated(self._run_id)
+        try:
+            if self._client and self._run_id:
+                self._client.set_terminated(self._run_id, status="FAILED" if failed else "FINISHED")
+        finally:
             self._run_id = None
-        if self._worker is not None:
-            import ray
+            if self._worker is not None:
+                import ray
 
-            ray.kill(self._worker)
-            self._worker = None
+                ray.kill(self._worker)
+                self._worker = None
 
     def _score(self, items: list[TrainingSample], records: list[Any], dead: DeadLetters) -> Routed:
         routed = route(items, self.config.algorithm, self.settings.model.name, self.context)
@@ -209,14 +225,11 @@ class Trainer:
         state.samples_since_publish += routed.trained
         state.behaviour_versions |= routed.behaviour_versions
         state.reward_mapping_versions |= routed.reward_mapping_versions
-        state.skipped += routed.skipped
-        state.dead_lettered += len(routed.unusable)
         for name, value in metrics.items():
             state.recent.setdefault(name, []).append(value)
         metrics |= {"samples": state.samples, "lag": self._lag(state)}
         self.metrics.steps.inc()
         self.metrics.samples.inc(routed.trained)
-        self.metrics.dead_letters.inc(len(routed.unusable))
         self.metrics.lag.set(metrics["lag"])
         self.metrics.loss.set(metrics["loss"])
         self.metrics.step_seconds.observe(metrics["step_s"])
@@ -278,6 +291,22 @@ class Trainer:
         self.published.append(published)
         self.metrics.published_version.set(int(published.version))
         return published
+
+
+def drop_trained(batch: Batch[Any], trained_up_to: Mapping[TopicPartition, int]) -> None:
+    """Remove from `batch` the items already trained on (re-read after a rebalance, below the
+    partition's trained offset) and second reads of a record within the batch."""
+    seen: set[tuple[TopicPartition, int]] = set()
+    items, records = [], []
+    for item, record in zip(batch.items, batch.records, strict=True):
+        if record is not None:
+            key = (record.tp, record.offset)
+            if record.offset < trained_up_to.get(record.tp, 0) or key in seen:
+                continue
+            seen.add(key)
+        items.append(item)
+        records.append(record)
+    batch.items, batch.records = items, records
 
 
 def _params(values: dict[str, str]) -> list[Any]:

@@ -78,6 +78,8 @@ class PolicyWorker:
 
     def restore(self, checkpoint: Checkpoint) -> None:
         checkpoint.restore_into(self.parameters, self.optimizer)
+        for group in self.optimizer.param_groups:  # the configured rate wins over the checkpoint's
+            group["lr"] = self.config["learning_rate"]
 
     def save_adapter(self, folder: str) -> None:
         """Write the adapter as a PEFT folder (safetensors + adapter_config.json)."""

@@ -132,3 +132,32 @@ def test_a_checkpoint_for_another_adapter_shape_is_refused(tiny_model: Path, tmp
     assert checkpoint is not None
     with pytest.raises(CheckpointCorrupt, match="does not fit this adapter"):
         checkpoint.restore_into(trainable_parameters(other), other_optimizer)
+
+
+def test_a_crash_while_replacing_the_same_step_keeps_it(tiny_model: Path, tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "ckpt", keep=1)
+    policy, optimizer = _trainer(tiny_model)
+    store.save(_checkpoint(policy, optimizer, step=5))
+    # the state a crash leaves between moving the old folder aside and moving the new one in
+    final = store.root / "step-000000005"
+    final.rename(store.root / ".step-000000005-replaced")
+    checkpoint = store.load_latest()
+    assert checkpoint is not None and checkpoint.step == 5 and final.is_dir()
+    store.save(_checkpoint(policy, optimizer, step=5))  # replacing it for real leaves one folder
+    assert [p.name for p in store.root.iterdir() if "step" in p.name] == ["step-000000005"]
+
+
+def test_records_already_trained_or_read_twice_are_dropped() -> None:
+    from online_rl.bus import Record
+    from online_rl.stream import Batch
+    from online_rl.trainer.controller import drop_trained
+
+    def record(partition: int, offset: int) -> Record:
+        return Record("orl.samples", partition, offset, None, b"", 0.0)
+
+    reads = [record(0, 3), record(0, 4), record(1, 0), record(0, 4), record(0, 5)]
+    batch = Batch(items=["a", "b", "c", "d", "e"], records=[*reads])
+    batch.records.append(None)  # a cold-start item has no record and is always kept
+    batch.items.append("cold")
+    drop_trained(batch, {TopicPartition("orl.samples", 0): 4})
+    assert batch.items == ["b", "c", "e", "cold"]
