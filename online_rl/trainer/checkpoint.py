@@ -16,7 +16,6 @@ Knows nothing about Ray, MLflow or the bus client: offsets are plain (topic, par
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ from safetensors.torch import load_file, save_file
 
 from online_rl.bus import TopicPartition
 from online_rl.errors import OnlineRLError
+from online_rl.registry.lineage import file_sha256
 
 __all__ = ["Checkpoint", "CheckpointCorrupt", "CheckpointStore", "capture_rng", "restore_rng"]
 
@@ -115,14 +115,6 @@ def _join_optimizer(tensors: Mapping[str, torch.Tensor], plain: Mapping[str, Any
     return {"state": state, "param_groups": plain["param_groups"]}
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -162,7 +154,7 @@ class CheckpointStore:
                 "metadata": checkpoint.metadata,
             }
             (staging / _STATE).write_text(json.dumps(state))
-            manifest = {f: _sha256(staging / f) for f in (_TENSORS, _STATE)}
+            manifest = {f: file_sha256(staging / f) for f in (_TENSORS, _STATE)}
             (staging / _MANIFEST).write_text(json.dumps(manifest))
             for file in (_TENSORS, _STATE, _MANIFEST):
                 _fsync(staging / file)
@@ -209,7 +201,7 @@ class CheckpointStore:
         try:
             manifest = json.loads((folder / _MANIFEST).read_text())
             for file, digest in manifest.items():
-                if _sha256(folder / file) != digest:
+                if file_sha256(folder / file) != digest:
                     raise CheckpointCorrupt(f"{folder / file} does not match its manifest (sha256 differs)")
             state = json.loads((folder / _STATE).read_text())
             tensors = load_file(folder / _TENSORS)

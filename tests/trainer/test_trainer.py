@@ -68,6 +68,15 @@ def _margin(model_dir: Path, adapter: Path | None, held_out: list[tuple[list[int
     return (sums[0::2] - sums[1::2]).mean().item()
 
 
+def _kafka_topics(settings: Settings, partitions: int) -> tuple[Bus, Topics]:
+    """A Kafka bus with this test's samples topic (`partitions`) and dead-letter topic."""
+    topics = Topics(settings.bus.topic_prefix)
+    bus: Bus = KafkaBus(settings.kafka.bootstrap_servers or "")
+    bus.create_topic(topics.samples, partitions)
+    bus.create_topic(topics.dlq, 1)
+    return bus, topics
+
+
 @pytest.fixture
 def settings(kafka_bootstrap: str, tiny_model: Path, tmp_path: Path) -> Settings:
     return Settings(
@@ -86,10 +95,7 @@ def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
 ) -> None:
     from online_rl.tracking import mlflow_client
 
-    topics = Topics(settings.bus.topic_prefix)
-    bus: Bus = KafkaBus(settings.kafka.bootstrap_servers or "")
-    bus.create_topic(topics.samples, 2)
-    bus.create_topic(topics.dlq, 1)
+    bus, topics = _kafka_topics(settings, partitions=2)
     rng = random.Random(0)
     producer = bus.producer()
     samples = [_pair(i, rng) for i in range(32)]
@@ -165,10 +171,7 @@ def test_a_restart_before_the_commit_trains_nothing_twice(settings: Settings, ra
     """The checkpoint, not the group's committed offsets, says where to resume."""
     from online_rl.trainer import CheckpointStore
 
-    topics = Topics(settings.bus.topic_prefix)
-    bus: Bus = KafkaBus(settings.kafka.bootstrap_servers or "")
-    bus.create_topic(topics.samples, 1)
-    bus.create_topic(topics.dlq, 1)
+    bus, topics = _kafka_topics(settings, partitions=1)
     rng = random.Random(1)
     producer = bus.producer()
     for i in range(16):
