@@ -258,9 +258,6 @@ class Trainer:
                                    adapter=snapshot["adapter"], optimizer=snapshot["optimizer"],
                                    rng=snapshot["rng"], metadata=state.metadata()))
 
-    def publish_now(self, state: TrainerState) -> PublishedVersion:
-        return self._publish(state)
-
     def _publish(self, state: TrainerState) -> PublishedVersion:
         import ray
 
