@@ -225,6 +225,30 @@ class TrainerConfig(BaseModel):
     experiment: str = Field(default="online-rl-trainer", min_length=1, description="MLflow experiment.")
     group_id: str = Field(default="orl-trainer", min_length=1, description="Consumer group on the samples.")
     seed: int = Field(default=0, description="Seed of the adapter's initialisation and of dropout.")
+    cold_start: Path | None = Field(
+        default=None,
+        description="JSONL file of training samples (the TrainingSample JSON form) mixed into every batch "
+        "against forgetting; empty: none.",
+    )
+    cold_start_weight: float = Field(
+        default=0.1, ge=0.0, lt=1.0, description="Share of each batch drawn from `cold_start` (0 to <1)."
+    )
+    workers: int = Field(
+        default=1, ge=1, le=256,
+        description="Data-parallel policy workers (Ray actors); each trains a share of every batch and "
+        "their gradients are summed (gloo on CPU, NCCL on GPU), so any count learns the same as one.",
+    )
+    cpus_per_worker: float | None = Field(
+        default=None, gt=0,
+        description="CPUs reserved for each worker. Empty: ray.num_cpus / workers (at least 1).",
+    )
+    gpus_per_worker: float = Field(
+        default=0.0, ge=0, description="GPUs for each worker; above 0 the workers train on CUDA with NCCL."
+    )
+    placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        default="PACK",
+        description="Ray placement-group strategy for the workers: PACK shares nodes, SPREAD separates them.",
+    )
 
 
 _yaml_data: ContextVar[dict[str, Any] | None] = ContextVar("_yaml_data", default=None)

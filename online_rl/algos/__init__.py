@@ -18,6 +18,7 @@ from online_rl.algos.logprobs import (
     hidden_states,
     pack,
     reference_adapter_disabled,
+    reference_policy,
 )
 from online_rl.algos.ops import aggregate, masked_mean, masked_whiten
 from online_rl.algos.ppo import (
@@ -72,6 +73,7 @@ __all__ = [
     "policy_loss",
     "ppo_advantages",
     "reference_adapter_disabled",
+    "reference_policy",
     "token_rewards",
     "value_loss",
     "whiten_advantages",

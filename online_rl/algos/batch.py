@@ -9,7 +9,7 @@ float32. The optimizer step is the caller's. Pure torch: no Ray, Kafka or MLflow
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any, Literal
 
@@ -24,7 +24,7 @@ from online_rl.algos.logprobs import (
     Sample,
     forward,
     pack,
-    reference_adapter_disabled,
+    reference_policy,
 )
 from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_loss
 
@@ -33,6 +33,7 @@ __all__ = [
     "TokenIds",
     "autocast",
     "dpo_batch_loss",
+    "implicit_rewards",
     "kto_batch_loss",
     "reference_logprobs",
     "reward_batch_loss",
@@ -52,49 +53,78 @@ def autocast(precision: Precision, device: str = "cpu") -> Iterator[None]:
         yield
 
 
-def reference_logprobs(model: Any, batch: PackedBatch, precision: Precision = "fp32") -> PolicyOutput:
-    """The reference policy's log-probabilities: the same model with its adapter disabled, no autograd."""
-    with torch.no_grad(), reference_adapter_disabled(model), autocast(precision, _device(model)):
+def reference_logprobs(model: Any, batch: PackedBatch, precision: Precision = "fp32",
+                       reference: str | None = None) -> PolicyOutput:
+    """The reference policy's log-probabilities, no autograd: the same model with its adapter disabled,
+    or with the frozen adapter `reference` active instead (see `reference_policy`)."""
+    with torch.no_grad(), reference_policy(model, reference), autocast(precision, _device(model)):
         return forward(model, batch)
 
 
 def dpo_batch_loss(model: Any, pairs: Sequence[tuple[TokenIds, TokenIds, TokenIds]], config: DPOConfig,
-                   precision: Precision = "fp32") -> PreferenceLoss:
+                   precision: Precision = "fp32", reference: str | None = None) -> PreferenceLoss:
     """DPO on (prompt, chosen, rejected) token ids: chosen and rejected share one pass over the prompt."""
     batch = pack([Sample(prompt, (chosen, rejected)) for prompt, chosen, rejected in pairs])
     batch = batch.to(next(model.parameters()).device)
-    reference = reference_logprobs(model, batch, precision).sequence_logprobs
+    ref = reference_logprobs(model, batch, precision, reference).sequence_logprobs
     with autocast(precision, _device(model)):
         policy = forward(model, batch).sequence_logprobs
-    return dpo_loss(policy[0::2], policy[1::2], reference[0::2], reference[1::2], config,
+    return dpo_loss(policy[0::2], policy[1::2], ref[0::2], ref[1::2], config,
                     chosen_lengths=batch.lengths[0::2], rejected_lengths=batch.lengths[1::2])
 
 
 def kto_batch_loss(model: Any, samples: Sequence[tuple[TokenIds, TokenIds, bool]], config: KTOConfig,
-                   precision: Precision = "fp32") -> KTOLoss:
+                   precision: Precision = "fp32", partners: Sequence[TokenIds] | None = None,
+                   mean: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                   reference: str | None = None) -> KTOLoss:
     """KTO on (prompt, completion, thumbs up?) samples.
 
-    Each prompt is packed with its own completion and with the next sample's completion (the mismatched
-    pair of the KL reference point), so the reference point costs no extra pass over the prompts. A
-    batch of one has no partner: its reference point is 0.
+    Each prompt is packed with its own completion and with a mismatched completion (by default the next
+    sample's: `mismatched_pairs`) for the KL reference point, so the reference point costs no extra
+    pass over the prompts. A batch of one with no `partners` has no mismatch: its reference point is 0.
+
+    Data parallelism: a worker holding a shard of a larger batch passes the `partners` chosen over the
+    whole batch and a `mean` that turns its shard's per-sample log-ratios into the whole batch's mean
+    (an all-reduce), so every shard uses the reference point a single worker would.
     """
-    if len(samples) == 1:  # nothing to mismatch with: the reference point is 0 (KTO's floor)
+    if partners is None and len(samples) == 1:  # nothing to mismatch with: z0 = 0 (KTO's floor)
         prompt, completion, up = samples[0]
         batch = pack([Sample(prompt, (completion,))])
-        reference = reference_logprobs(model, batch, precision).sequence_logprobs
+        ref = reference_logprobs(model, batch, precision, reference).sequence_logprobs
         with autocast(precision, _device(model)):
             policy = forward(model, batch).sequence_logprobs
         desirable = torch.tensor([up], dtype=torch.bool, device=policy.device)
-        return kto_loss(policy, reference, desirable, policy.new_zeros(()), config)
-    partner = mismatched_pairs(len(samples))
-    batch = pack([Sample(prompt, (completion, samples[partner[i]][1]))
-                  for i, (prompt, completion, _) in enumerate(samples)])
-    reference = reference_logprobs(model, batch, precision).sequence_logprobs
+        return kto_loss(policy, ref, desirable, policy.new_zeros(()), config)
+    if partners is None:
+        partners = [samples[j][1] for j in mismatched_pairs(len(samples))]
+    if len(partners) != len(samples):
+        raise ValueError(f"{len(partners)} partners for {len(samples)} samples: give one per sample")
+    batch = pack([Sample(prompt, (completion, partner))
+                  for (prompt, completion, _), partner in zip(samples, partners, strict=True)])
+    ref = reference_logprobs(model, batch, precision, reference).sequence_logprobs
     with autocast(precision, _device(model)):
         policy = forward(model, batch).sequence_logprobs
-    reference_point = kto_reference_point(policy[1::2].detach(), reference[1::2])
+    reference_point = kto_reference_point(policy[1::2].detach(), ref[1::2], mean)
     desirable = torch.tensor([up for _, _, up in samples], dtype=torch.bool, device=policy.device)
-    return kto_loss(policy[0::2], reference[0::2], desirable, reference_point, config)
+    return kto_loss(policy[0::2], ref[0::2], desirable, reference_point, config)
+
+
+def implicit_rewards(model: Any, pairs: Sequence[tuple[TokenIds, TokenIds, TokenIds]],
+                     thumbs: Sequence[tuple[TokenIds, TokenIds, bool]], beta: float,
+                     precision: Precision = "fp32", reference: str | None = None) -> torch.Tensor:
+    """Held-out evaluation, no autograd: per pair, beta * (log-ratio of chosen - log-ratio of rejected);
+    per thumb, +-beta * log-ratio (+ for thumbs up), where log-ratio = log(pi / pi_ref). Positive means
+    the policy moved the way the feedback asked, relative to the reference."""
+    batch = pack([Sample(p, (c, r)) for p, c, r in pairs] + [Sample(p, (c,)) for p, c, _ in thumbs])
+    batch = batch.to(next(model.parameters()).device)
+    with torch.no_grad():
+        ref = reference_logprobs(model, batch, precision, reference).sequence_logprobs
+        with autocast(precision, _device(model)):
+            policy = forward(model, batch).sequence_logprobs
+    ratio = (policy - ref).float()
+    n = 2 * len(pairs)
+    signs = torch.tensor([1.0 if up else -1.0 for _, _, up in thumbs], device=ratio.device)
+    return beta * torch.cat([ratio[0:n:2] - ratio[1:n:2], ratio[n:] * signs])
 
 
 def reward_batch_loss(reward_model: RewardModel, pairs: Sequence[tuple[TokenIds, TokenIds, TokenIds]],

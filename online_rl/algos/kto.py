@@ -7,6 +7,7 @@ never differentiated, and floored at 0. Pure functions on sequence log-probabili
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,9 +35,13 @@ def mismatched_pairs(batch_size: int) -> list[int]:
     return [(index + 1) % batch_size for index in range(batch_size)]
 
 
-def kto_reference_point(kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor) -> torch.Tensor:
-    """z0: the batch mean of log(pi / pi_ref) on mismatched pairs, detached and floored at 0."""
-    return (kl_logps - ref_kl_logps).mean().detach().clamp(min=0.0)
+def kto_reference_point(kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor,
+                        mean: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """z0: the batch mean of log(pi / pi_ref) on mismatched pairs, detached and floored at 0.
+
+    `mean` replaces the local mean, e.g. by one over every data-parallel shard of the batch."""
+    log_ratios = (kl_logps - ref_kl_logps).detach()
+    return (log_ratios.mean() if mean is None else mean(log_ratios)).clamp(min=0.0)
 
 
 def kto_loss(logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tensor,

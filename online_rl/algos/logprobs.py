@@ -34,6 +34,7 @@ __all__ = [
     "hidden_states",
     "pack",
     "reference_adapter_disabled",
+    "reference_policy",
 ]
 
 
@@ -240,3 +241,22 @@ def reference_adapter_disabled(model: Any) -> Iterator[None]:
                         "pass a PEFT model (peft.get_peft_model) or compute reference log-probs separately")
     with model.disable_adapter():
         yield
+
+
+@contextmanager
+def reference_policy(model: Any, adapter: str | None = None) -> Iterator[None]:
+    """Within this block the PEFT model is the reference policy: its base (`adapter` None), or the base
+    with the frozen adapter `adapter` (e.g. the serving champion, loaded with `load_adapter`) active
+    in place of the trained one. Use under `torch.no_grad()`."""
+    if adapter is None:
+        with reference_adapter_disabled(model):
+            yield
+        return
+    if adapter not in getattr(model, "peft_config", {}):
+        raise ValueError(f"reference adapter {adapter!r} is not loaded in the model: load_adapter it first")
+    active = model.active_adapter
+    model.set_adapter(adapter)
+    try:
+        yield
+    finally:
+        model.set_adapter(active)  # PEFT makes the active adapter's weights trainable again

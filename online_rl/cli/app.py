@@ -25,6 +25,7 @@ from online_rl.cli.serve import keys_app, serve_app
 from online_rl.cli.trainer import trainer_cmd
 from online_rl.config import load_settings
 from online_rl.errors import OnlineRLError
+from online_rl.logs import LogFormat, configure_logging
 
 __all__ = ["app", "main"]
 
@@ -53,11 +54,11 @@ def _root(
         Path | None, typer.Option("--config", "-c", help="YAML config file (else $ORL_CONFIG).")
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False,
+    log_format: Annotated[
+        LogFormat, typer.Option(envvar="ORL_LOG_FORMAT", help="Log lines as text, or as JSON objects.")
+    ] = "text",
 ) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(logging.DEBUG if verbose else logging.INFO, log_format)
     ctx.obj = {"config": config}
 
 

@@ -56,6 +56,13 @@ class LineageManifest(BaseModel):
     parent_version: str | None = None
     config_hash: str | None = None
     eval: dict[str, float] = Field(default_factory=dict)
+    cold_start: dict[str, str | float | int] | None = Field(
+        default=None,
+        description="The cold-start mix trained alongside the stream: file sha256, weight, samples mixed in.",
+    )
+    kl_anchor: str | None = Field(
+        default=None, description="What the KL term held the adapter to: 'base' or a champion's serving name."
+    )
     created_at: float = Field(default_factory=time.time)
 
 

@@ -1,15 +1,15 @@
 """The trainer's single controller: collect, score, update, checkpoint, publish — forever.
 
-The driver process runs the loop as readable phases; the policy lives in a Ray actor
-(`PolicyWorker`). One MLflow run covers the trainer's lifetime (its resolved config as params, a
-metric row per step). Exactly-once effect: a batch's offsets are committed to the bus only after the
-checkpoint that includes its update is durable, and a restart resumes from the newest readable
-checkpoint at *its* offsets. Samples the trainer can never use go to the dead-letter topic with the
-reason. Publishing (every N samples or T seconds) seals the adapter with its lineage, logs it to the
-run, registers it as a new version and points the `challenger` alias at it.
+The driver process runs the loop as readable phases; the policy lives in a group of data-parallel
+Ray actors (`WorkerGroup` of `PolicyWorker`s). One MLflow run covers the trainer's lifetime (its
+resolved config as params, a metric row per step). Exactly-once effect: a batch's offsets are
+committed to the bus only after the checkpoint that includes its update is durable, and a restart
+resumes from the newest readable checkpoint at *its* offsets. Samples the trainer can never use go
+to the dead-letter topic with the reason. Publishing (every N samples or T seconds) seals the
+adapter with its lineage, logs it to the run, registers it as a new version and points the
+`challenger` alias at it.
 
-Data parallelism over several workers and PPO on fresh rollouts come with the rest of the trainer's
-issue. `online-rl trainer` adds Prometheus metrics and SIGTERM handling around this class.
+`online-rl trainer` adds Prometheus metrics and SIGTERM handling around this class.
 """
 
 from __future__ import annotations
@@ -27,17 +27,19 @@ from typing import TYPE_CHECKING, Any
 
 from online_rl.bus import Bus, DeadLetters, TopicPartition, open_bus
 from online_rl.bus.topics import Topics
+from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
 from online_rl.registry import PublishedVersion, file_sha256, publish_adapter, write_lineage
 from online_rl.stream import Batch, Stream
 from online_rl.trainer.checkpoint import Checkpoint, CheckpointStore
 from online_rl.trainer.metrics import TrainerMetrics
-from online_rl.trainer.samples import Routed, route
+from online_rl.trainer.samples import Routed, load_cold_start, route
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
     from online_rl.config import Settings
+    from online_rl.trainer.group import WorkerGroup
 
 __all__ = ["Trainer", "TrainerState", "drop_trained"]
 
@@ -59,6 +61,7 @@ class TrainerState:
     parent_version: str | None = None
     dead_lettered: int = 0
     skipped: int = 0
+    cold_since_publish: int = 0  # cold-start samples trained since the last publish
     recent: dict[str, list[float]] = field(default_factory=dict)  # metrics since the last publish
 
     def metadata(self) -> dict[str, Any]:
@@ -71,6 +74,9 @@ class TrainerState:
             "parent_version": self.parent_version,
             "dead_lettered": self.dead_lettered,
             "skipped": self.skipped,
+            "last_publish": self.last_publish,
+            "cold_since_publish": self.cold_since_publish,
+            "recent": self.recent,
         }
 
     @classmethod
@@ -83,7 +89,9 @@ class TrainerState:
             behaviour_versions=set(meta.get("behaviour_versions", [])),
             reward_mapping_versions=set(meta.get("reward_mapping_versions", [])),
             parent_version=meta.get("parent_version"), dead_lettered=meta.get("dead_lettered", 0),
-            skipped=meta.get("skipped", 0),
+            skipped=meta.get("skipped", 0), last_publish=meta.get("last_publish", time.time()),
+            recent={k: list(v) for k, v in meta.get("recent", {}).items()},
+            cold_since_publish=meta.get("cold_since_publish", 0),
         )
 
 
@@ -104,22 +112,22 @@ class Trainer:
         self.config_hash = _config_hash(self.resolved)
         self.published: list[PublishedVersion] = []
         self.metrics = TrainerMetrics()
-        self._worker: Any = None
+        self._group: WorkerGroup | None = None
         self._client: MlflowClient | None = None
         self._run_id: str | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
     def _start(self) -> TrainerState:
-        import ray
-
         from online_rl.ray_runtime import init_ray
         from online_rl.tracking import ensure_experiment, mlflow_client
-        from online_rl.trainer.worker import PolicyWorker
+        from online_rl.trainer.group import WorkerGroup
 
+        if not (self.settings.model_dir / "config.json").is_file():
+            raise ConfigError(f"model.path={self.settings.model_dir} holds no model (no config.json): "
+                              "run `online-rl model prepare` for the embedded default, or set model.path")
         init_ray(self.settings)
-        remote = ray.remote(num_cpus=self.settings.ray.num_cpus)(PolicyWorker)
-        self._worker = remote.remote(str(self.settings.model_dir), self.resolved)
-        self.context = ray.get(self._worker.context_length.remote())
+        self._group = WorkerGroup(self.settings, self.resolved)
+        self.context = self._group.context_length()
         self._client = client = mlflow_client(self.settings)
         experiment = ensure_experiment(client, self.config.experiment, self.settings)
         run = client.create_run(experiment, tags={"component": "trainer", "config_hash": self.config_hash,
@@ -128,12 +136,20 @@ class Trainer:
         flat = {k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in self.resolved.items()}
         client.log_batch(self._run_id, params=_params(flat | {"base_model": self.settings.model.name}))
         self.base_sha256 = _base_fingerprint(self.settings.model_dir)
+        self.cold_start: list[TrainingSample] = []
+        if self.config.cold_start is not None and self.config.cold_start_weight > 0:
+            self.cold_start = load_cold_start(self.config.cold_start, self.config.algorithm,
+                                              self.settings.model.name, self.context)
+            self.cold_start_sha256 = file_sha256(self.config.cold_start)
         checkpoint = self.store.load_latest()
         if checkpoint is None:
-            log.info("trainer starting fresh (no checkpoint in %s)", self.store.root)
+            log.info("trainer starting fresh (no checkpoint in %s)", self.store.root,
+                     extra={"event": "start", "step": 0, "run_id": self._run_id})
             return TrainerState()
-        ray.get(self._worker.restore.remote(checkpoint))
-        log.info("trainer resumed from step %d at offsets %s", checkpoint.step, checkpoint.offsets)
+        self._group.restore(checkpoint)
+        log.info("trainer resumed from step %d at offsets %s", checkpoint.step, checkpoint.offsets,
+                 extra={"event": "resume", "step": checkpoint.step, "samples": checkpoint.samples,
+                        "run_id": self._run_id, "offsets": _offsets_field(checkpoint.offsets)})
         return TrainerState.from_checkpoint(checkpoint)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -152,6 +168,9 @@ class Trainer:
             stream = Stream.from_topic(self.topics.samples, self.bus, group_id=self.config.group_id,
                                        start_offsets=self._durable, start_missing_at=0,
                                        dlq_topic=self.topics.dlq)
+            if self.cold_start:  # against forgetting: a fixed share of every batch from a known set
+                stream = stream.mix(self.cold_start, self.config.cold_start_weight,
+                                    seed=self.config.seed + state.step)
             dead = DeadLetters(self.bus.producer(), "trainer", self.topics.dlq)
             taken, idle_since = 0, time.monotonic()
             for batch in stream.batch(self.config.batch_size, timeout=self.config.batch_timeout_s,
@@ -172,6 +191,7 @@ class Trainer:
                 for tp, offset in batch.offsets.items():
                     state.offsets[tp] = max(offset, state.offsets.get(tp, 0))
                 if routed.trained:
+                    state.cold_since_publish += batch.cold_start
                     self._update(state, routed)                                   # update
                     idle_since = time.monotonic()
                 if self._due(state):
@@ -192,17 +212,21 @@ class Trainer:
         return state
 
     def close(self, failed: bool = False) -> None:
-        """End the MLflow run and stop the policy worker (its CPUs go back to Ray)."""
+        """End the MLflow run and stop the policy workers (their CPUs go back to Ray)."""
         try:
             if self._client and self._run_id:
                 self._client.set_terminated(self._run_id, status="FAILED" if failed else "FINISHED")
         finally:
             self._run_id = None
-            if self._worker is not None:
-                import ray
+            if self._group is not None:
+                self._group.close()
+                self._group = None
 
-                ray.kill(self._worker)
-                self._worker = None
+    @property
+    def group(self) -> WorkerGroup:
+        if self._group is None:
+            raise RuntimeError("the trainer's workers are not running (call run)")
+        return self._group
 
     def _score(self, items: list[TrainingSample], records: list[Any], dead: DeadLetters) -> Routed:
         routed = route(items, self.config.algorithm, self.settings.model.name, self.context)
@@ -212,14 +236,17 @@ class Trainer:
                 record = by_id.get(id(sample))
                 if record is not None:
                     dead.send(record, f"trainer cannot use sample {sample.sample_id}: {reason}")
+                log.warning("dead-lettered sample %s: %s", sample.sample_id, reason,
+                            extra={"event": "dead_letter", "sample_id": sample.sample_id, "reason": reason})
             dead.flush()  # the dead letters are durable before their offsets are committed
         return routed
 
     def _update(self, state: TrainerState, routed: Routed) -> None:
-        import ray
         from mlflow.entities import Metric
 
-        metrics = ray.get(self._worker.train_step.remote(routed.pairs, routed.thumbs))
+        log.info("step %d started: %d samples", state.step + 1, routed.trained,
+                 extra={"event": "step_started", "step": state.step + 1, "batch": routed.trained})
+        metrics = self.group.train_step(routed)
         state.step += 1
         state.samples += routed.trained
         state.samples_since_publish += routed.trained
@@ -238,7 +265,8 @@ class Trainer:
         rows = [Metric(k, float(v), now, state.step) for k, v in metrics.items()]
         self._client.log_batch(self._run_id, metrics=rows)
         log.info("step %d: %d samples, loss %.4f, %.0f tokens/s", state.step, routed.trained,
-                 metrics["loss"], metrics["tokens_per_s"])
+                 metrics["loss"], metrics["tokens_per_s"],
+                 extra={"event": "step", "step": state.step, "batch": routed.trained} | metrics)
 
     def _lag(self, state: TrainerState) -> float:
         ends = self.bus.end_offsets(self.topics.samples)
@@ -251,16 +279,14 @@ class Trainer:
                 or time.time() - state.last_publish >= self.config.publish_every_s)
 
     def _checkpoint(self, state: TrainerState) -> None:
-        import ray
-
-        snapshot = ray.get(self._worker.snapshot.remote())
+        snapshot = self.group.snapshot()
         self.store.save(Checkpoint(step=state.step, samples=state.samples, offsets=dict(state.offsets),
                                    adapter=snapshot["adapter"], optimizer=snapshot["optimizer"],
                                    rng=snapshot["rng"], metadata=state.metadata()))
+        log.debug("checkpoint at step %d", state.step,
+                  extra={"event": "checkpoint", "step": state.step, "offsets": _offsets_field(state.offsets)})
 
     def _publish(self, state: TrainerState) -> PublishedVersion:
-        import ray
-
         assert self._client is not None and self._run_id is not None
         offsets: dict[str, dict[str, list[int]]] = {}
         for tp, end in sorted(state.offsets.items()):
@@ -271,12 +297,13 @@ class Trainer:
                       if k in ("dpo_accuracy", "dpo_margin", "kto_reward", "loss")}
         with tempfile.TemporaryDirectory(prefix="orl-publish-") as tmp:
             folder = Path(tmp) / "adapter"
-            ray.get(self._worker.save_adapter.remote(str(folder)))
+            self.group.save_adapter(str(folder))
             write_lineage(folder, self.settings.model.name, base_model_sha256=self.base_sha256,
                           offsets=offsets,
                           reward_mapping_version=",".join(sorted(state.reward_mapping_versions)) or None,
                           behaviour_versions=sorted(state.behaviour_versions),
-                          parent_version=state.parent_version, config_hash=self.config_hash, eval=evaluation)
+                          parent_version=state.parent_version, config_hash=self.config_hash, eval=evaluation,
+                          cold_start=self._cold_start_lineage(state), kl_anchor="base")
             published = publish_adapter(self._client, self._run_id, folder,
                                         self.settings.mlflow.registered_model,
                                         artifact_path=f"adapters/step-{state.step:09d}")
@@ -285,9 +312,20 @@ class Trainer:
         state.samples_since_publish = 0
         state.last_publish = time.time()
         state.behaviour_versions, state.reward_mapping_versions, state.recent = set(), set(), {}
+        state.cold_since_publish = 0
         self.published.append(published)
         self.metrics.published_version.set(int(published.version))
+        log.info("published %s (version %s) at step %d", published.serving_name, published.version,
+                 state.step, extra={"event": "published", "step": state.step, "version": published.version,
+                                    "serving_name": published.serving_name, "offsets": offsets})
         return published
+
+
+    def _cold_start_lineage(self, state: TrainerState) -> dict[str, str | float | int] | None:
+        if not self.cold_start:
+            return None
+        return {"sha256": self.cold_start_sha256, "weight": self.config.cold_start_weight,
+                "file_samples": len(self.cold_start), "mixed_in": state.cold_since_publish}
 
 
 def drop_trained(batch: Batch[Any], trained_up_to: Mapping[TopicPartition, int]) -> None:
@@ -304,6 +342,10 @@ def drop_trained(batch: Batch[Any], trained_up_to: Mapping[TopicPartition, int])
         items.append(item)
         records.append(record)
     batch.items, batch.records = items, records
+
+
+def _offsets_field(offsets: Mapping[TopicPartition, int]) -> dict[str, int]:
+    return {f"{tp.topic}/{tp.partition}": offset for tp, offset in sorted(offsets.items())}
 
 
 def _params(values: dict[str, str]) -> list[Any]:

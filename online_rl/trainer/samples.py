@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
+from pydantic import ValidationError
+
+from online_rl.algos import mismatched_pairs
+from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
 
-__all__ = ["Routed", "route"]
+__all__ = ["Routed", "Shard", "load_cold_start", "route", "shard"]
 
 Pair = tuple[list[int], list[int], list[int]]
 Thumb = tuple[list[int], list[int], bool]
@@ -82,3 +87,78 @@ def route(samples: Sequence[TrainingSample], algorithm: Literal["auto", "dpo", "
         routed.behaviour_versions.update(v or "base" for v in sample.behaviour_versions)
         routed.reward_mapping_versions.add(sample.reward_mapping_version)
     return routed
+
+
+@dataclass
+class Shard:
+    """One data-parallel worker's share of a step's batch, with the whole batch's counts.
+
+    `partners` are the mismatched completions of this shard's thumbs for KTO's reference point, chosen
+    over the whole batch (empty when the batch holds fewer than two thumbs: its reference point is 0).
+    """
+
+    pairs: list[Pair] = field(default_factory=list)
+    thumbs: list[Thumb] = field(default_factory=list)
+    partners: list[list[int]] | None = None
+    total_pairs: int = 0
+    total_thumbs: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.total_pairs + self.total_thumbs
+
+
+def _tokens(sample: Pair | Thumb) -> int:
+    prompt, first, second = sample
+    return len(prompt) + len(first) + (len(second) if isinstance(second, list) else 0)
+
+
+def shard(routed: Routed, workers: int) -> list[Shard]:
+    """Split a step's samples over `workers`, balancing tokens (the longest first, each to the least
+    loaded worker). Which shard a sample lands in changes nothing about the update: losses are
+    weighted by the whole batch's counts and KTO's partners are chosen before the split."""
+    partner_of = ([routed.thumbs[j][1] for j in mismatched_pairs(len(routed.thumbs))]
+                  if len(routed.thumbs) >= 2 else None)
+    shards = [Shard(partners=[] if partner_of is not None else None, total_pairs=len(routed.pairs),
+                    total_thumbs=len(routed.thumbs)) for _ in range(workers)]
+    load = [0] * workers
+    work: list[tuple[int, str, int]] = [(_tokens(p), "pair", i) for i, p in enumerate(routed.pairs)]
+    work += [(_tokens(t), "thumb", i) for i, t in enumerate(routed.thumbs)]
+    for tokens, kind, index in sorted(work, key=lambda w: (-w[0], w[1], w[2])):
+        target = min(range(workers), key=lambda w: (load[w], w))
+        load[target] += tokens
+        if kind == "pair":
+            shards[target].pairs.append(routed.pairs[index])
+        else:
+            shards[target].thumbs.append(routed.thumbs[index])
+            if partner_of is not None:
+                shards[target].partners.append(partner_of[index])  # type: ignore[union-attr]
+    return shards
+
+
+def load_cold_start(path: Path, algorithm: Literal["auto", "dpo", "kto"], base_model: str,
+                    max_tokens: int) -> list[TrainingSample]:
+    """The cold-start samples of a JSONL file (one TrainingSample JSON object per line), every one
+    checked up front: a bad line is a configuration error naming the line, not a crash mid-training."""
+    if not path.is_file():
+        raise ConfigError(f"trainer.cold_start={path} does not exist: give a JSONL file of training "
+                          "samples, or leave trainer.cold_start empty")
+    samples = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            samples.append(TrainingSample.model_validate_json(line))
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"]) or "the line"
+            raise ConfigError(f"trainer.cold_start={path}:{number}: {where}: {error['msg']} (each line must "
+                              "be one training sample as JSON)") from exc
+    routed = route(samples, algorithm, base_model, max_tokens)
+    if routed.unusable:
+        sample, reason = routed.unusable[0]
+        raise ConfigError(f"trainer.cold_start={path}: sample {sample.sample_id} cannot be trained: {reason}")
+    if not routed.trained:
+        raise ConfigError(f"trainer.cold_start={path} has no sample that trainer.algorithm={algorithm} "
+                          "trains (pairs for dpo, labelled singles for kto)")
+    return samples

@@ -1,22 +1,29 @@
 """The policy worker: a LoRA policy and its optimizer, trained one step at a time.
 
-Runs inside a Ray actor (the controller creates it); it receives token ids, calls the pure losses of
-`online_rl.algos`, and hands back metrics, snapshots for checkpoints and adapter folders for
-publishing. It knows nothing about the bus, MLflow or when to publish.
+Runs inside a Ray actor (`WorkerGroup` creates one per data-parallel rank); it receives token ids,
+calls the pure losses of `online_rl.algos`, and hands back metric sums, snapshots for checkpoints and
+adapter folders for publishing. With several ranks, each trains its `Shard` of the batch and the
+gradients are summed over torch.distributed (gloo on CPU, NCCL on GPU) before the optimizer step, so
+every rank holds the same adapter and the update is the one a single worker would make. It knows
+nothing about the bus, MLflow or when to publish.
 """
 
 from __future__ import annotations
 
+import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from online_rl.algos import DPOConfig, KTOConfig
 from online_rl.algos.batch import dpo_batch_loss, kto_batch_loss
 from online_rl.algos.policy import LoraSpec, lora_policy, trainable_parameters
 from online_rl.trainer.checkpoint import Checkpoint, capture_rng
+from online_rl.trainer.samples import Shard
 
 __all__ = ["PolicyWorker"]
 
@@ -24,50 +31,99 @@ __all__ = ["PolicyWorker"]
 class PolicyWorker:
     """One copy of the policy (base + LoRA adapter) with its AdamW optimizer."""
 
-    def __init__(self, model_dir: str, config: dict[str, Any]) -> None:
+    def __init__(self, model_dir: str, config: dict[str, Any], threads: int = 1, device: str = "cpu") -> None:
         from transformers import AutoModelForCausalLM
 
         self.config = config
+        torch.set_num_threads(max(1, threads))
         torch.manual_seed(config["seed"])
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         spec = LoraSpec(rank=config["lora_rank"], alpha=config["lora_alpha"],
                         targets=tuple(config["lora_targets"]))
         self.precision = config["precision"]
-        self.policy = lora_policy(base, spec, self.precision)
+        self.policy = lora_policy(base, spec, self.precision).to(device)
         self.policy.train()
         self.parameters = trainable_parameters(self.policy)
         self.optimizer = torch.optim.AdamW(list(self.parameters.values()), lr=config["learning_rate"])
         self.dpo = DPOConfig(beta=config["beta"])
         self.kto = KTOConfig(beta=config["beta"])
         self.max_tokens = int(base.config.max_position_embeddings)
+        self.device = device
+        self.world = 1
 
-    def train_step(self, pairs: list[Any], thumbs: list[Any]) -> dict[str, float]:
-        """One optimizer step on DPO pairs and KTO thumbs together (each loss weighted by its share)."""
+    # -- data parallelism -----------------------------------------------------------------------
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address and a free port for the process group."""
+        import ray
+
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join(self, address: str, port: int, rank: int, world: int) -> None:
+        """Join the process group of `world` ranks (all ranks call this at once)."""
+        backend = "nccl" if self.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(minutes=10))
+        self.world = world
+
+    def _sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    # -- training -------------------------------------------------------------------------------
+    def train_step(self, shard: Shard) -> dict[str, float]:
+        """One optimizer step. Returns this shard's metric *sums* (the group adds them up)."""
         start = time.perf_counter()
-        total = len(pairs) + len(thumbs)
-        metrics: dict[str, float] = {}
-        loss = torch.zeros(())
-        if pairs:
-            out = dpo_batch_loss(self.policy, pairs, self.dpo, self.precision)
-            loss = loss + out.loss * (len(pairs) / total)
-            metrics.update(dpo_loss=out.loss.item(), dpo_accuracy=out.accuracy.item(),
-                           dpo_margin=out.margin.item())
-        if thumbs:
-            kto = kto_batch_loss(self.policy, thumbs, self.kto, self.precision)
-            loss = loss + kto.loss * (len(thumbs) / total)
-            metrics.update(kto_loss=kto.loss.item(), kto_kl=kto.reference_point.item(),
-                           kto_reward=kto.rewards.mean().item())
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(list(self.parameters.values()), 1.0)
+        sums: dict[str, float] = {"pairs": len(shard.pairs), "thumbs": len(shard.thumbs)}
+        loss = torch.zeros((), device=self.device)
+        if shard.pairs:
+            out = dpo_batch_loss(self.policy, shard.pairs, self.dpo, self.precision)
+            loss = loss + out.loss * (len(shard.pairs) / shard.total)
+            count = len(shard.pairs)
+            sums.update(dpo_loss=out.loss.item() * count, dpo_accuracy=out.accuracy.item() * count,
+                        dpo_margin=out.margin.item() * count)
+        if shard.total_thumbs >= 2 and self.world > 1 and not shard.thumbs:
+            self._sum(torch.zeros((), device=self.device))  # this rank's share of KTO's reference point
+        if shard.thumbs:
+            kto = kto_batch_loss(self.policy, shard.thumbs, self.kto, self.precision, shard.partners,
+                                 self._thumbs_mean(shard.total_thumbs))
+            loss = loss + kto.loss * (len(shard.thumbs) / shard.total)
+            count = len(shard.thumbs)
+            sums.update(kto_loss=kto.loss.item() * count, kto_reward=kto.rewards.mean().item() * count,
+                        kto_kl=kto.reference_point.item() * count)
+        if loss.requires_grad:
+            loss.backward()
+        grad_norm = self._reduce_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        elapsed = time.perf_counter() - start
-        tokens = (sum(len(p) + len(c) + len(r) for p, c, r in pairs)
-                  + sum(len(p) + len(c) for p, c, _ in thumbs))
-        metrics.update(loss=loss.item(), grad_norm=float(grad_norm), step_s=elapsed,
-                       tokens_per_s=tokens / elapsed, samples_per_s=total / elapsed)
-        return metrics
+        sums.update(loss=loss.item(), grad_norm=grad_norm, step_s=time.perf_counter() - start,
+                    tokens=sum(len(p) + len(c) + len(r) for p, c, r in shard.pairs)
+                    + sum(len(p) + len(c) for p, c, _ in shard.thumbs))
+        return sums
 
+    def _thumbs_mean(self, total: int) -> Any:
+        if self.world == 1 or total < 2:
+            return None
+
+        def mean(log_ratios: torch.Tensor) -> torch.Tensor:
+            return self._sum(log_ratios.float().sum()) / total
+
+        return mean
+
+    def _reduce_gradients(self) -> float:
+        """Sum the gradients over the ranks (one flat all-reduce), then clip them to norm 1."""
+        parameters = list(self.parameters.values())
+        if self.world > 1:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+            flat = self._sum(torch.cat([g.reshape(-1) for g in grads]))
+            for p, chunk in zip(parameters, flat.split([g.numel() for g in grads]), strict=True):
+                p.grad = chunk.view_as(p).clone()
+        return float(torch.nn.utils.clip_grad_norm_(parameters, 1.0))
+
+    # -- state ----------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """The adapter, optimizer and random state, for a checkpoint."""
         return {
@@ -88,3 +144,7 @@ class PolicyWorker:
 
     def context_length(self) -> int:
         return self.max_tokens
+
+    def adapter(self) -> dict[str, torch.Tensor]:
+        """The adapter's weights (for checking that the ranks agree)."""
+        return {name: p.detach().cpu().clone() for name, p in self.parameters.items()}

@@ -119,3 +119,47 @@ def test_bad_samples_are_refused(samples: list[Sample], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         pack(samples)
 
+
+
+def test_a_frozen_champion_adapter_can_be_the_reference(policy: Any, tiny_model: Path,
+                                                         tmp_path: Path) -> None:
+    """`reference_policy(model, "anchor")`: the base plus the loaded champion adapter, not the trained
+    one; afterwards the trained adapter is active and trainable again, the champion frozen."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from online_rl.algos.batch import implicit_rewards
+
+    champion = tmp_path / "champion"
+    policy.save_pretrained(champion)  # the champion: the current adapter, frozen from here on
+    policy.load_adapter(str(champion), adapter_name="anchor", is_trainable=False)
+    with torch.no_grad():  # the trained adapter moves away from the champion
+        for name, weight in policy.named_parameters():
+            if "lora_B.default" in name:
+                weight.add_(0.05)
+    batch = pack(SAMPLES)
+    standalone = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), champion)
+    with torch.no_grad():
+        expected = forward(standalone, batch).token_logprobs
+        policy_side = forward(policy, batch).token_logprobs
+    anchored = reference_logprobs(policy, batch, reference="anchor").token_logprobs
+    assert torch.allclose(anchored, expected, atol=1e-5)
+    assert not torch.allclose(policy_side, expected, atol=1e-3)
+    assert policy.active_adapter == "default"
+    trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all(".default." in name for name in trainable)
+    with pytest.raises(ValueError, match="'missing' is not loaded"):
+        reference_logprobs(policy, batch, reference="missing")
+    # held-out scores: beta * log(pi / pi_champion), chosen minus rejected; signed by the thumb
+    pairs = [([11, 12, 13], [21, 22], [31, 32, 33])]
+    thumbs = [([41, 42], [51, 52, 53], True), ([61], [71], False)]
+    scores = implicit_rewards(policy, pairs, thumbs, 0.1, reference="anchor")
+    with torch.no_grad():
+        def ratio(prompt: list[int], completion: list[int]) -> torch.Tensor:
+            return (completion_logprobs(policy, prompt, completion).sum()
+                    - completion_logprobs(standalone, prompt, completion).sum())
+
+        (prompt, chosen, rejected), (p1, c1, _), (p2, c2, _) = pairs[0], thumbs[0], thumbs[1]
+        expected = 0.1 * torch.stack([ratio(prompt, chosen) - ratio(prompt, rejected), ratio(p1, c1),
+                                      -ratio(p2, c2)])
+    assert torch.allclose(scores, expected, atol=1e-5) and scores.abs().min() > 1e-4

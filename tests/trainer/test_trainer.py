@@ -188,3 +188,39 @@ def test_a_restart_before_the_commit_trains_nothing_twice(settings: Settings, ra
     assert state.samples == 16 and state.offsets == {tp: 16}
     assert CheckpointStore(settings.checkpoint_dir).load_latest().samples == 16  # type: ignore[union-attr]
     bus.close()
+
+
+def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
+    settings: Settings, ray_runtime: None, tmp_path: Path
+) -> None:
+    from online_rl.registry import file_sha256
+    from online_rl.tracking import mlflow_client
+    from tests.trainer.test_samples import _thumb
+
+    cold = tmp_path / "cold.jsonl"
+    cold.write_text("".join(_thumb(100 + i, i % 2 == 0).model_dump_json() + "\n" for i in range(4)))
+    settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={
+        "cold_start": cold, "cold_start_weight": 0.25, "batch_size": 4, "publish_every_samples": 10})})
+    bus, topics = _kafka_topics(settings, partitions=1)
+    producer = bus.producer()
+    rng = random.Random(4)
+    for i in range(8):
+        sample = _pair(i, rng)
+        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
+    producer.flush()
+    trainer = Trainer(settings, bus)
+    state = trainer.run(idle_exit_s=3.0)
+    # one cold-start thumb for every three live pairs: 8 live + 2 cold, all in one version
+    assert state.samples == 10 and [v.version for v in trainer.published] == ["1"]
+    client = mlflow_client(settings)
+    import mlflow
+
+    manifest = read_lineage(Path(mlflow.artifacts.download_artifacts("models:/policy/1",
+                                                                     dst_path=str(tmp_path / "v1"))))
+    assert manifest.cold_start == {"sha256": file_sha256(cold), "weight": 0.25, "file_samples": 4,
+                                   "mixed_in": 2}
+    assert manifest.offsets == {topics.samples: {"0": [0, 8]}} and manifest.kl_anchor == "base"
+    run_id = client.get_model_version("policy", "1").run_id
+    assert client.get_metric_history(run_id, "kto_loss")  # the cold thumbs were trained by KTO
+    assert client.get_run(run_id).data.params["cold_start_weight"] == "0.25"
+    bus.close()

@@ -1,0 +1,119 @@
+"""A group of data-parallel policy workers on Ray, driven as one by the trainer's controller.
+
+The verl/HybridFlow programming model: the single controller calls `train_step` on the group; the
+group splits the batch into one `Shard` per rank, the ranks train their shards and sum their
+gradients among themselves (torch.distributed), and the group adds up their metrics. The workers are
+placed by a Ray placement group (one bundle of CPUs, and GPUs if asked, per rank; PACK shares nodes,
+SPREAD separates them). It knows nothing about the bus, checkpoints on disk or MLflow.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from online_rl.trainer.checkpoint import Checkpoint
+from online_rl.trainer.samples import Routed, shard
+
+if TYPE_CHECKING:
+    from online_rl.config import Settings
+
+__all__ = ["WorkerGroup", "merge_metrics"]
+
+log = logging.getLogger(__name__)
+
+
+class WorkerGroup:
+    """`settings.trainer.workers` policy workers in one placement group, joined in a process group."""
+
+    def __init__(self, settings: Settings, config: dict[str, Any]) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from online_rl.trainer.worker import PolicyWorker
+
+        trainer = settings.trainer
+        self.size = trainer.workers
+        cpus = trainer.cpus_per_worker or max(1.0, float(settings.ray.num_cpus // self.size))
+        bundle = {"CPU": cpus} | ({"GPU": trainer.gpus_per_worker} if trainer.gpus_per_worker else {})
+        self.placement = placement_group([dict(bundle) for _ in range(self.size)], strategy=trainer.placement)
+        try:
+            ray.get(self.placement.ready(), timeout=120)
+        except ray.exceptions.GetTimeoutError as error:
+            ray.util.remove_placement_group(self.placement)
+            raise RuntimeError(
+                f"Ray cannot place {self.size} trainer workers of {bundle} with strategy {trainer.placement}"
+                f" (cluster: {ray.cluster_resources()}); lower trainer.workers or trainer.cpus_per_worker"
+            ) from error
+        device = "cuda" if trainer.gpus_per_worker else "cpu"
+        remote: Any = ray.remote(PolicyWorker)
+        self.workers: list[Any] = [
+            remote.options(num_cpus=cpus, num_gpus=trainer.gpus_per_worker,
+                           scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, rank))
+            .remote(str(settings.model_dir), config, max(1, int(cpus)), device)
+            for rank in range(self.size)
+        ]
+        if self.size > 1:
+            address, port = ray.get(self.workers[0].rendezvous.remote())
+            ray.get([w.join.remote(address, port, rank, self.size) for rank, w in enumerate(self.workers)])
+        log.info("trainer worker group: %d worker(s) of %s each (%s)", self.size, bundle, trainer.placement)
+
+    def train_step(self, routed: Routed) -> dict[str, float]:
+        """One optimizer step on every rank over `routed`'s samples; the merged metrics."""
+        import ray
+
+        shards = shard(routed, self.size)
+        parts = ray.get([w.train_step.remote(s) for w, s in zip(self.workers, shards, strict=True)])
+        return merge_metrics(parts)
+
+    def snapshot(self) -> dict[str, Any]:
+        import ray
+
+        return dict(ray.get(self.workers[0].snapshot.remote()))  # every rank holds the same state
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        import ray
+
+        ray.get([w.restore.remote(checkpoint) for w in self.workers])
+
+    def save_adapter(self, folder: str) -> None:
+        import ray
+
+        ray.get(self.workers[0].save_adapter.remote(folder))
+
+    def context_length(self) -> int:
+        import ray
+
+        return int(ray.get(self.workers[0].context_length.remote()))
+
+    def adapters(self) -> list[dict[str, Any]]:
+        """Each rank's adapter weights."""
+        import ray
+
+        return list(ray.get([w.adapter.remote() for w in self.workers]))
+
+    def close(self) -> None:
+        """Stop the workers and free their placement (their CPUs go back to Ray)."""
+        import ray
+
+        for worker in self.workers:
+            ray.kill(worker)
+        ray.util.remove_placement_group(self.placement)
+        self.workers = []
+
+
+def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The step's metrics from each rank's sums: means per sample kind, the summed loss, the slowest
+    rank's time."""
+    pairs = sum(p["pairs"] for p in parts)
+    thumbs = sum(p["thumbs"] for p in parts)
+    step_s = max(p["step_s"] for p in parts)
+    tokens = sum(p["tokens"] for p in parts)
+    merged = {"loss": sum(p["loss"] for p in parts), "grad_norm": parts[0]["grad_norm"], "step_s": step_s,
+              "tokens_per_s": tokens / step_s, "samples_per_s": (pairs + thumbs) / step_s}
+    for name, count in (("dpo_loss", pairs), ("dpo_accuracy", pairs), ("dpo_margin", pairs),
+                        ("kto_loss", thumbs), ("kto_reward", thumbs), ("kto_kl", thumbs)):
+        if count:
+            merged[name] = sum(p.get(name, 0.0) for p in parts) / count
+    return merged

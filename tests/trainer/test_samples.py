@@ -1,0 +1,52 @@
+"""Routing samples to algorithms, and the cold-start file's checks (pure: no model, no bus)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from online_rl.errors import ConfigError
+from online_rl.events import Completion, TrainingSample
+from online_rl.trainer.samples import load_cold_start, route
+from tests.conftest import TINY_NAME
+from tests.trainer.test_trainer import _pair
+
+
+def _thumb(i: int, up: bool, model: str = TINY_NAME) -> TrainingSample:
+    fields = _pair(i, random.Random(i), model).model_dump(exclude={"chosen", "rejected"})
+    completion = Completion(request_id=f"t{i}", text="-", token_ids=[5, 6, 7], logprobs=[-1.0] * 3)
+    return TrainingSample.model_validate(fields | {
+        "kind": "single", "completion": completion, "label": up, "reward": 1.0 if up else 0.0,
+        "feedback_kind": "thumbs", "behaviour_versions": [None]})
+
+
+def _write(path: Path, samples: list[TrainingSample], extra: str = "") -> Path:
+    path.write_text("".join(s.model_dump_json() + "\n" for s in samples) + extra)
+    return path
+
+
+def test_route_sends_pairs_to_dpo_thumbs_to_kto_and_says_why_it_refuses() -> None:
+    samples = [_pair(0, random.Random(0)), _thumb(1, True), _pair(2, random.Random(2), "other")]
+    routed = route(samples, "auto", TINY_NAME, 2048)
+    assert len(routed.pairs) == 1 and routed.thumbs[0][2] is True and routed.trained == 2
+    assert [reason for _, reason in routed.unusable] == [
+        f"sample of base model 'other'; this trainer trains {TINY_NAME!r}"]
+    assert route(samples[:2], "dpo", TINY_NAME, 2048).skipped == 1
+    assert "longer than the model's context" in route(samples[:1], "auto", TINY_NAME, 4).unusable[0][1]
+
+
+def test_a_cold_start_file_is_loaded_and_checked_line_by_line(tmp_path: Path) -> None:
+    good = [_thumb(i, i % 2 == 0) for i in range(3)]
+    assert [s.sample_id for s in load_cold_start(_write(tmp_path / "ok.jsonl", good), "auto", TINY_NAME,
+                                                 2048)] == [s.sample_id for s in good]
+    with pytest.raises(ConfigError, match=r"trainer.cold_start=.*missing.jsonl does not exist"):
+        load_cold_start(tmp_path / "missing.jsonl", "auto", TINY_NAME, 2048)
+    with pytest.raises(ConfigError, match=r"bad.jsonl:4: .*each line must be one training sample"):
+        load_cold_start(_write(tmp_path / "bad.jsonl", good, '{"sample_id": "x"}\n'), "auto", TINY_NAME, 2048)
+    with pytest.raises(ConfigError, match=r"sample s9 cannot be trained: sample of base model 'other'"):
+        load_cold_start(_write(tmp_path / "other.jsonl", [_pair(9, random.Random(9), "other")]), "auto",
+                        TINY_NAME, 2048)
+    with pytest.raises(ConfigError, match=r"has no sample that trainer\.algorithm=dpo trains"):
+        load_cold_start(_write(tmp_path / "thumbs.jsonl", good), "dpo", TINY_NAME, 2048)
