@@ -225,6 +225,23 @@ class TrainerConfig(BaseModel):
     experiment: str = Field(default="online-rl-trainer", min_length=1, description="MLflow experiment.")
     group_id: str = Field(default="orl-trainer", min_length=1, description="Consumer group on the samples.")
     seed: int = Field(default=0, description="Seed of the adapter's initialisation and of dropout.")
+    kl_anchor: Literal["base", "champion"] = Field(
+        default="base",
+        description="The reference the DPO/KTO KL term holds the adapter to: the base model, or the version "
+        "MLflow's `champion` alias points at (re-read after every publish; the base until there is one).",
+    )
+    eval_holdout: float = Field(
+        default=0.0, ge=0.0, lt=0.5,
+        description="Share of live samples held out of training (by a hash of the sample id) to evaluate "
+        "the adapter on; 0: no evaluation.",
+    )
+    eval_size: int = Field(default=64, ge=1, le=4096, description="The newest this many held-out samples.")
+    eval_every_steps: int = Field(default=10, ge=1, description="Evaluate on the held-out set every N steps.")
+    publish_on_eval_gain: float | None = Field(
+        default=None, gt=0,
+        description="Also publish when the held-out score (mean beta * log-ratio margin) beats the last "
+        "published version's by this much; empty: evaluation never triggers a publish.",
+    )
     cold_start: Path | None = Field(
         default=None,
         description="JSONL file of training samples (the TrainingSample JSON form) mixed into every batch "

@@ -10,7 +10,13 @@ from online_rl.registry.lineage import (
     verify_adapter_dir,
     write_lineage,
 )
-from online_rl.registry.publish import PublishedVersion, publish_adapter, serving_name
+from online_rl.registry.publish import (
+    PublishedVersion,
+    adapter_files,
+    alias_version,
+    publish_adapter,
+    serving_name,
+)
 
 __all__ = [
     "ADAPTER_WEIGHTS",
@@ -18,6 +24,8 @@ __all__ = [
     "AdapterRejected",
     "LineageManifest",
     "PublishedVersion",
+    "adapter_files",
+    "alias_version",
     "file_sha256",
     "publish_adapter",
     "read_lineage",

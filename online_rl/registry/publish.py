@@ -10,6 +10,7 @@ Knows MLflow's client and the lineage manifest; knows nothing about training.
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,7 +20,7 @@ from online_rl.registry.lineage import verify_adapter_dir
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-__all__ = ["PublishedVersion", "publish_adapter", "serving_name"]
+__all__ = ["PublishedVersion", "adapter_files", "alias_version", "publish_adapter", "serving_name"]
 
 log = logging.getLogger(__name__)
 
@@ -77,3 +78,31 @@ def publish_adapter(client: MlflowClient, run_id: str, folder: Path, registered_
     log.info("published %s (%s) as %s%s", serving_name(registered_model, version),
              manifest.adapter_sha256[:12], source, f", alias {alias}" if alias else "")
     return PublishedVersion(registered_model, version, alias, source)
+
+
+def alias_version(client: MlflowClient, registered_model: str, alias: str) -> str | None:
+    """The version `alias` points at, or None when the model or the alias does not exist (yet)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(client.get_model_version_by_alias(registered_model, alias).version)
+    except MlflowException as error:
+        if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise
+
+
+def adapter_files(client: MlflowClient, registered_model: str, version: str) -> dict[str, bytes]:
+    """A registered version's adapter files (weights, config, lineage), checked against its lineage
+    manifest, as bytes: ready to ship to a worker on another node."""
+    import mlflow.artifacts
+
+    with tempfile.TemporaryDirectory(prefix="orl-version-") as tmp:
+        got = Path(mlflow.artifacts.download_artifacts(f"models:/{registered_model}/{version}", dst_path=tmp,
+                                                       tracking_uri=client.tracking_uri))
+        folders = [p.parent for p in got.rglob("adapter_config.json")]
+        if len(folders) != 1:
+            raise ValueError(f"models:/{registered_model}/{version} should hold one adapter folder, "
+                             f"found {len(folders)}")
+        verify_adapter_dir(folders[0])
+        return {p.name: p.read_bytes() for p in sorted(folders[0].iterdir()) if p.is_file()}

@@ -3,6 +3,7 @@ its effect exactly-once and MLflow versions for what it learns."""
 
 from online_rl.trainer.checkpoint import (
     Checkpoint,
+    CheckpointAhead,
     CheckpointCorrupt,
     CheckpointStore,
     capture_rng,
@@ -13,6 +14,7 @@ from online_rl.trainer.samples import Routed, route
 
 __all__ = [
     "Checkpoint",
+    "CheckpointAhead",
     "CheckpointCorrupt",
     "CheckpointStore",
     "Routed",

@@ -35,7 +35,8 @@ from online_rl.bus import TopicPartition
 from online_rl.errors import OnlineRLError
 from online_rl.registry.lineage import file_sha256
 
-__all__ = ["Checkpoint", "CheckpointCorrupt", "CheckpointStore", "capture_rng", "restore_rng"]
+__all__ = ["Checkpoint", "CheckpointAhead", "CheckpointCorrupt", "CheckpointStore", "capture_rng",
+           "restore_rng"]
 
 log = logging.getLogger(__name__)
 _TENSORS, _STATE, _MANIFEST, _LATEST = "tensors.safetensors", "state.json", "manifest.json", "latest"
@@ -43,6 +44,10 @@ _TENSORS, _STATE, _MANIFEST, _LATEST = "tensors.safetensors", "state.json", "man
 
 class CheckpointCorrupt(OnlineRLError):
     """A checkpoint folder is incomplete or its files do not match its manifest."""
+
+
+class CheckpointAhead(OnlineRLError):
+    """A checkpoint covers offsets the topic does not have (it was recreated or truncated)."""
 
 
 @dataclass

@@ -29,11 +29,20 @@ from online_rl.bus import Bus, DeadLetters, TopicPartition, open_bus
 from online_rl.bus.topics import Topics
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
-from online_rl.registry import PublishedVersion, file_sha256, publish_adapter, write_lineage
+from online_rl.registry import (
+    PublishedVersion,
+    adapter_files,
+    alias_version,
+    file_sha256,
+    publish_adapter,
+    serving_name,
+    write_lineage,
+)
 from online_rl.stream import Batch, Stream
-from online_rl.trainer.checkpoint import Checkpoint, CheckpointStore
+from online_rl.trainer.checkpoint import Checkpoint, CheckpointAhead, CheckpointStore
+from online_rl.trainer.evaluation import EvalSet, eval_gain
 from online_rl.trainer.metrics import TrainerMetrics
-from online_rl.trainer.samples import Routed, load_cold_start, route
+from online_rl.trainer.samples import Routed, held_out, load_cold_start, route
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -58,10 +67,13 @@ class TrainerState:
     last_publish: float = field(default_factory=time.time)
     behaviour_versions: set[str] = field(default_factory=set)
     reward_mapping_versions: set[str] = field(default_factory=set)
-    parent_version: str | None = None
+    parent_version: str | None = None  # serving name of the last published version
+    parent_version_number: str | None = None
     dead_lettered: int = 0
     skipped: int = 0
     cold_since_publish: int = 0  # cold-start samples trained since the last publish
+    eval_entries: list[Any] = field(default_factory=list)  # the held-out set (EvalSet.to_metadata)
+    eval_gain_due: bool = False  # an evaluation beat the last published version by enough
     recent: dict[str, list[float]] = field(default_factory=dict)  # metrics since the last publish
 
     def metadata(self) -> dict[str, Any]:
@@ -72,10 +84,12 @@ class TrainerState:
             "behaviour_versions": sorted(self.behaviour_versions),
             "reward_mapping_versions": sorted(self.reward_mapping_versions),
             "parent_version": self.parent_version,
+            "parent_version_number": self.parent_version_number,
             "dead_lettered": self.dead_lettered,
             "skipped": self.skipped,
             "last_publish": self.last_publish,
             "cold_since_publish": self.cold_since_publish,
+            "eval_set": self.eval_entries,
             "recent": self.recent,
         }
 
@@ -88,10 +102,12 @@ class TrainerState:
             samples_since_publish=meta.get("samples_since_publish", 0),
             behaviour_versions=set(meta.get("behaviour_versions", [])),
             reward_mapping_versions=set(meta.get("reward_mapping_versions", [])),
-            parent_version=meta.get("parent_version"), dead_lettered=meta.get("dead_lettered", 0),
+            parent_version=meta.get("parent_version"),
+            parent_version_number=meta.get("parent_version_number"),
+            dead_lettered=meta.get("dead_lettered", 0),
             skipped=meta.get("skipped", 0), last_publish=meta.get("last_publish", time.time()),
             recent={k: list(v) for k, v in meta.get("recent", {}).items()},
-            cold_since_publish=meta.get("cold_since_publish", 0),
+            cold_since_publish=meta.get("cold_since_publish", 0), eval_entries=meta.get("eval_set", []),
         )
 
 
@@ -118,6 +134,7 @@ class Trainer:
 
     # -- set-up ---------------------------------------------------------------------------------
     def _start(self) -> TrainerState:
+        """Workers up, an MLflow run open, the references loaded; the state to resume from."""
         from online_rl.ray_runtime import init_ray
         from online_rl.tracking import ensure_experiment, mlflow_client
         from online_rl.trainer.group import WorkerGroup
@@ -141,12 +158,33 @@ class Trainer:
             self.cold_start = load_cold_start(self.config.cold_start, self.config.algorithm,
                                               self.settings.model.name, self.context)
             self.cold_start_sha256 = file_sha256(self.config.cold_start)
+        self.anchor_version: str | None = None
+        self.kl_anchor = "base"
+        state = self._resume()
+        self.evalset = EvalSet(self.config.eval_size, state.eval_entries)
+        self._refresh_anchor()
+        if state.parent_version_number is not None and self.config.eval_holdout > 0:
+            self._group.set_baseline(adapter_files(client, self.settings.mlflow.registered_model,
+                                                   state.parent_version_number))
+        return state
+
+    def _resume(self) -> TrainerState:
         checkpoint = self.store.load_latest()
         if checkpoint is None:
             log.info("trainer starting fresh (no checkpoint in %s)", self.store.root,
                      extra={"event": "start", "step": 0, "run_id": self._run_id})
             return TrainerState()
-        self._group.restore(checkpoint)
+        ends = self.bus.end_offsets(self.topics.samples)
+        ahead = {tp: offset for tp, offset in checkpoint.offsets.items()
+                 if tp.topic == self.topics.samples and offset > ends.get(tp, 0)}
+        if ahead:  # Kafka would quietly restart those partitions elsewhere: never guess
+            where = ", ".join(f"partition {tp.partition} at {o} (topic ends at {ends.get(tp, 0)})"
+                              for tp, o in sorted(ahead.items()))
+            raise CheckpointAhead(
+                f"checkpoint step {checkpoint.step} in {self.store.root} has read {self.topics.samples} "
+                f"further than it exists: {where}. The topic was recreated or truncated; restore it, or "
+                "give trainer.checkpoint_dir a fresh folder to train the topic from its start")
+        self.group.restore(checkpoint)
         log.info("trainer resumed from step %d at offsets %s", checkpoint.step, checkpoint.offsets,
                  extra={"event": "resume", "step": checkpoint.step, "samples": checkpoint.samples,
                         "run_id": self._run_id, "offsets": _offsets_field(checkpoint.offsets)})
@@ -176,33 +214,15 @@ class Trainer:
             for batch in stream.batch(self.config.batch_size, timeout=self.config.batch_timeout_s,
                                       idle_batches=True):
                 drop_trained(batch, state.offsets)
-                if not batch.items and not batch.offsets:  # idle: only time can make something due
-                    if self._due(state):
-                        self._publish(state)
-                        self._checkpoint(state)
-                    if (stop is not None and stop.is_set()) or (
-                            idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s):
-                        break
-                    continue
-                routed = self._score(batch.items, batch.records, dead)             # score
-                state.skipped += routed.skipped
-                state.dead_lettered += len(routed.unusable)
-                self.metrics.dead_letters.inc(len(routed.unusable))
-                for tp, offset in batch.offsets.items():
-                    state.offsets[tp] = max(offset, state.offsets.get(tp, 0))
-                if routed.trained:
-                    state.cold_since_publish += batch.cold_start
-                    self._update(state, routed)                                   # update
-                    idle_since = time.monotonic()
-                if self._due(state):
-                    self._publish(state)                                          # publish
-                self._checkpoint(state)                                           # make it durable
-                batch.commit()                                                    # then commit
-                self._durable.update(state.offsets)
-                taken += 1
-                if (max_steps is not None and taken >= max_steps) or (stop is not None and stop.is_set()):
-                    break
-                if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                if batch.items or batch.offsets:
+                    if self._step(state, batch, dead):
+                        idle_since = time.monotonic()
+                    taken += 1
+                elif self._due(state):  # idle: only time can make something due
+                    self._publish(state)
+                    self._checkpoint(state)
+                if ((stop is not None and stop.is_set()) or (max_steps is not None and taken >= max_steps)
+                        or (idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s)):
                     break
             failed = False
         finally:
@@ -210,6 +230,28 @@ class Trainer:
                 stream.close()
             self.close(failed)
         return state
+
+    def _step(self, state: TrainerState, batch: Batch[TrainingSample], dead: DeadLetters) -> bool:
+        """One batch: score, update, evaluate and publish when due, checkpoint, then commit.
+        Whether anything was trained."""
+        routed, held = self._score(batch.items, batch.records, dead)                  # score
+        self.evalset.add(held)
+        state.skipped += routed.skipped
+        state.dead_lettered += len(routed.unusable)
+        self.metrics.dead_letters.inc(len(routed.unusable))
+        for tp, offset in batch.offsets.items():
+            state.offsets[tp] = max(offset, state.offsets.get(tp, 0))
+        if routed.trained:
+            state.cold_since_publish += batch.cold_start
+            self._update(state, routed)                                              # update
+            if self.evalset and state.step % self.config.eval_every_steps == 0:
+                self._evaluate(state)                                                # evaluate
+        if self._due(state):
+            self._publish(state)                                                     # publish
+        self._checkpoint(state)                                                      # make it durable
+        batch.commit()                                                               # then commit
+        self._durable.update(state.offsets)
+        return routed.trained > 0
 
     def close(self, failed: bool = False) -> None:
         """End the MLflow run and stop the policy workers (their CPUs go back to Ray)."""
@@ -228,8 +270,12 @@ class Trainer:
             raise RuntimeError("the trainer's workers are not running (call run)")
         return self._group
 
-    def _score(self, items: list[TrainingSample], records: list[Any], dead: DeadLetters) -> Routed:
+    def _score(self, items: list[TrainingSample], records: list[Any],
+               dead: DeadLetters) -> tuple[Routed, Routed]:
+        """(to train, held out for evaluation); unusable samples are dead-lettered."""
         routed = route(items, self.config.algorithm, self.settings.model.name, self.context)
+        live_held = {s.sample_id for s, r in zip(items, records, strict=True)
+                     if r is not None and held_out(s.sample_id, self.config.eval_holdout)}
         if routed.unusable:
             by_id = {id(sample): record for sample, record in zip(items, records, strict=True)}
             for sample, reason in routed.unusable:
@@ -239,7 +285,7 @@ class Trainer:
                 log.warning("dead-lettered sample %s: %s", sample.sample_id, reason,
                             extra={"event": "dead_letter", "sample_id": sample.sample_id, "reason": reason})
             dead.flush()  # the dead letters are durable before their offsets are committed
-        return routed
+        return routed.split(live_held.__contains__)
 
     def _update(self, state: TrainerState, routed: Routed) -> None:
         from mlflow.entities import Metric
@@ -275,10 +321,11 @@ class Trainer:
     def _due(self, state: TrainerState) -> bool:
         if state.samples_since_publish == 0:
             return False
-        return (state.samples_since_publish >= self.config.publish_every_samples
+        return (state.eval_gain_due or state.samples_since_publish >= self.config.publish_every_samples
                 or time.time() - state.last_publish >= self.config.publish_every_s)
 
     def _checkpoint(self, state: TrainerState) -> None:
+        state.eval_entries = self.evalset.to_metadata()
         snapshot = self.group.snapshot()
         self.store.save(Checkpoint(step=state.step, samples=state.samples, offsets=dict(state.offsets),
                                    adapter=snapshot["adapter"], optimizer=snapshot["optimizer"],
@@ -295,6 +342,8 @@ class Trainer:
                 offsets.setdefault(tp.topic, {})[str(tp.partition)] = [first, end]
         evaluation = {f"train_{k}": sum(v) / len(v) for k, v in state.recent.items()
                       if k in ("dpo_accuracy", "dpo_margin", "kto_reward", "loss")}
+        if self.evalset:  # the version's own held-out figures
+            evaluation |= self._evaluate(state, publishing=True)
         with tempfile.TemporaryDirectory(prefix="orl-publish-") as tmp:
             folder = Path(tmp) / "adapter"
             self.group.save_adapter(str(folder))
@@ -303,11 +352,14 @@ class Trainer:
                           reward_mapping_version=",".join(sorted(state.reward_mapping_versions)) or None,
                           behaviour_versions=sorted(state.behaviour_versions),
                           parent_version=state.parent_version, config_hash=self.config_hash, eval=evaluation,
-                          cold_start=self._cold_start_lineage(state), kl_anchor="base")
+                          cold_start=self._cold_start_lineage(state), kl_anchor=self.kl_anchor)
             published = publish_adapter(self._client, self._run_id, folder,
                                         self.settings.mlflow.registered_model,
                                         artifact_path=f"adapters/step-{state.step:09d}")
-        state.parent_version = published.serving_name
+            if self.config.eval_holdout > 0:  # the next evaluations compare with this version
+                self.group.set_baseline({f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()})
+        state.parent_version, state.parent_version_number = published.serving_name, published.version
+        state.eval_gain_due = False
         state.published_offsets = dict(state.offsets)
         state.samples_since_publish = 0
         state.last_publish = time.time()
@@ -318,7 +370,41 @@ class Trainer:
         log.info("published %s (version %s) at step %d", published.serving_name, published.version,
                  state.step, extra={"event": "published", "step": state.step, "version": published.version,
                                     "serving_name": published.serving_name, "offsets": offsets})
+        self._refresh_anchor()
         return published
+
+    def _evaluate(self, state: TrainerState, publishing: bool = False) -> dict[str, float]:
+        """Score the held-out set; log it; flag a publish when the gain over the last version is enough."""
+        from mlflow.entities import Metric
+
+        result = self.group.evaluate(self.evalset.pairs, self.evalset.thumbs)
+        gain = eval_gain(result)
+        threshold = self.config.publish_on_eval_gain
+        if not publishing and threshold is not None and gain >= threshold:
+            state.eval_gain_due = True
+        assert self._client is not None and self._run_id is not None
+        now = int(time.time() * 1000)
+        self._client.log_batch(self._run_id, metrics=[Metric(k, float(v), now, state.step)
+                                                      for k, v in (result | {"eval_gain": gain}).items()])
+        log.info("step %d: held-out score %.4f (%+.4f over the last version) on %d samples", state.step,
+                 result["eval_score"], gain, len(self.evalset),
+                 extra={"event": "eval", "step": state.step, "eval_gain": gain} | result)
+        return result | {"eval_gain": gain}
+
+    def _refresh_anchor(self) -> None:
+        """With `kl_anchor: champion`, hold the KL term to the version the `champion` alias names now."""
+        if self.config.kl_anchor != "champion":
+            return
+        assert self._client is not None
+        registered = self.settings.mlflow.registered_model
+        version = alias_version(self._client, registered, "champion")
+        if version == self.anchor_version:
+            return
+        files = adapter_files(self._client, registered, version) if version is not None else None
+        self.group.set_anchor(files)
+        self.anchor_version = version
+        self.kl_anchor = serving_name(registered, version) if version is not None else "base"
+        log.info("KL anchor: %s", self.kl_anchor, extra={"event": "kl_anchor", "anchor": self.kl_anchor})
 
 
     def _cold_start_lineage(self, state: TrainerState) -> dict[str, str | float | int] | None:

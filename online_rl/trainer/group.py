@@ -67,6 +67,23 @@ class WorkerGroup:
         parts = ray.get([w.train_step.remote(s) for w, s in zip(self.workers, shards, strict=True)])
         return merge_metrics(parts)
 
+    def set_anchor(self, files: dict[str, bytes] | None) -> None:
+        """The frozen adapter every rank's KL term holds to (None: the base)."""
+        import ray
+
+        ray.get([w.set_anchor.remote(files) for w in self.workers])
+
+    def set_baseline(self, files: dict[str, bytes] | None) -> None:
+        """The last published adapter, for evaluation (rank 0 evaluates)."""
+        import ray
+
+        ray.get(self.workers[0].set_baseline.remote(files))
+
+    def evaluate(self, pairs: list[Any], thumbs: list[Any]) -> dict[str, float]:
+        import ray
+
+        return dict(ray.get(self.workers[0].evaluate.remote(pairs, thumbs)))
+
     def snapshot(self) -> dict[str, Any]:
         import ray
 

@@ -9,7 +9,8 @@ default reward (nobody answered), is skipped. Pure: no model, no bus.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -20,7 +21,7 @@ from online_rl.algos import mismatched_pairs
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
 
-__all__ = ["Routed", "Shard", "load_cold_start", "route", "shard"]
+__all__ = ["Routed", "Shard", "held_out", "load_cold_start", "route", "shard"]
 
 Pair = tuple[list[int], list[int], list[int]]
 Thumb = tuple[list[int], list[int], bool]
@@ -30,6 +31,8 @@ Thumb = tuple[list[int], list[int], bool]
 class Routed:
     pairs: list[Pair] = field(default_factory=list)
     thumbs: list[Thumb] = field(default_factory=list)
+    pair_ids: list[str] = field(default_factory=list)  # sample ids, parallel to `pairs`
+    thumb_ids: list[str] = field(default_factory=list)  # ... and to `thumbs`
     skipped: int = 0
     unusable: list[tuple[TrainingSample, str]] = field(default_factory=list)
     behaviour_versions: set[str] = field(default_factory=set)
@@ -38,6 +41,23 @@ class Routed:
     @property
     def trained(self) -> int:
         return len(self.pairs) + len(self.thumbs)
+
+    def split(self, held_out: Callable[[str], bool]) -> tuple[Routed, Routed]:
+        """(kept, held): the samples whose id `held_out` accepts go to held, the rest (and the counts,
+        unusable samples and versions seen) to kept."""
+        kept = Routed(skipped=self.skipped, unusable=self.unusable,
+                      behaviour_versions=self.behaviour_versions,
+                      reward_mapping_versions=self.reward_mapping_versions)
+        held = Routed()
+        for pair, sample_id in zip(self.pairs, self.pair_ids, strict=True):
+            target = held if held_out(sample_id) else kept
+            target.pairs.append(pair)
+            target.pair_ids.append(sample_id)
+        for thumb, sample_id in zip(self.thumbs, self.thumb_ids, strict=True):
+            target = held if held_out(sample_id) else kept
+            target.thumbs.append(thumb)
+            target.thumb_ids.append(sample_id)
+        return kept, held
 
     @property
     def tokens(self) -> int:
@@ -76,11 +96,13 @@ def route(samples: Sequence[TrainingSample], algorithm: Literal["auto", "dpo", "
             assert sample.chosen is not None and sample.rejected is not None  # checked by the event
             routed.pairs.append((list(sample.prompt_token_ids), list(sample.chosen.token_ids),
                                  list(sample.rejected.token_ids)))
+            routed.pair_ids.append(sample.sample_id)
         elif (sample.kind == "single" and algorithm in ("auto", "kto") and sample.label is not None
               and not sample.defaulted):
             assert sample.completion is not None
             routed.thumbs.append((list(sample.prompt_token_ids), list(sample.completion.token_ids),
                                   sample.label))
+            routed.thumb_ids.append(sample.sample_id)
         else:
             routed.skipped += 1
             continue
@@ -106,6 +128,15 @@ class Shard:
     @property
     def total(self) -> int:
         return self.total_pairs + self.total_thumbs
+
+
+def held_out(sample_id: str, fraction: float) -> bool:
+    """Whether `sample_id` belongs to the held-out evaluation share (`fraction`, by a hash of the id,
+    so every lifetime and every worker agrees)."""
+    if fraction <= 0:
+        return False
+    digest = hashlib.sha256(sample_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
 def _tokens(sample: Pair | Thumb) -> int:

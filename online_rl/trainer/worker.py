@@ -11,6 +11,7 @@ nothing about the bus, MLflow or when to publish.
 from __future__ import annotations
 
 import socket
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -20,12 +21,15 @@ import torch
 import torch.distributed as dist
 
 from online_rl.algos import DPOConfig, KTOConfig
-from online_rl.algos.batch import dpo_batch_loss, kto_batch_loss
+from online_rl.algos.batch import dpo_batch_loss, implicit_rewards, kto_batch_loss
+from online_rl.algos.logprobs import reference_policy
 from online_rl.algos.policy import LoraSpec, lora_policy, trainable_parameters
 from online_rl.trainer.checkpoint import Checkpoint, capture_rng
 from online_rl.trainer.samples import Shard
 
 __all__ = ["PolicyWorker"]
+
+_ANCHOR, _BASELINE = "anchor", "published"
 
 
 class PolicyWorker:
@@ -50,6 +54,8 @@ class PolicyWorker:
         self.max_tokens = int(base.config.max_position_embeddings)
         self.device = device
         self.world = 1
+        self.anchor: str | None = None  # the frozen adapter the KL term holds to; None: the base
+        self.has_baseline = False  # a frozen copy of the last published adapter, for evaluation
 
     # -- data parallelism -----------------------------------------------------------------------
     def rendezvous(self) -> tuple[str, int]:
@@ -80,7 +86,7 @@ class PolicyWorker:
         sums: dict[str, float] = {"pairs": len(shard.pairs), "thumbs": len(shard.thumbs)}
         loss = torch.zeros((), device=self.device)
         if shard.pairs:
-            out = dpo_batch_loss(self.policy, shard.pairs, self.dpo, self.precision)
+            out = dpo_batch_loss(self.policy, shard.pairs, self.dpo, self.precision, self.anchor)
             loss = loss + out.loss * (len(shard.pairs) / shard.total)
             count = len(shard.pairs)
             sums.update(dpo_loss=out.loss.item() * count, dpo_accuracy=out.accuracy.item() * count,
@@ -89,7 +95,7 @@ class PolicyWorker:
             self._sum(torch.zeros((), device=self.device))  # this rank's share of KTO's reference point
         if shard.thumbs:
             kto = kto_batch_loss(self.policy, shard.thumbs, self.kto, self.precision, shard.partners,
-                                 self._thumbs_mean(shard.total_thumbs))
+                                 self._thumbs_mean(shard.total_thumbs), self.anchor)
             loss = loss + kto.loss * (len(shard.thumbs) / shard.total)
             count = len(shard.thumbs)
             sums.update(kto_loss=kto.loss.item() * count, kto_reward=kto.rewards.mean().item() * count,
@@ -123,6 +129,46 @@ class PolicyWorker:
                 p.grad = chunk.view_as(p).clone()
         return float(torch.nn.utils.clip_grad_norm_(parameters, 1.0))
 
+    # -- reference and evaluation ---------------------------------------------------------------
+    def set_anchor(self, files: dict[str, bytes] | None) -> None:
+        """Make the adapter in `files` (a PEFT folder's files) the frozen reference; None: the base."""
+        self._load_frozen(_ANCHOR, files)
+        self.anchor = _ANCHOR if files is not None else None
+
+    def set_baseline(self, files: dict[str, bytes] | None) -> None:
+        """The last published adapter (a PEFT folder's files), scored next to the current one."""
+        self._load_frozen(_BASELINE, files)
+        self.has_baseline = files is not None
+
+    def _load_frozen(self, name: str, files: dict[str, bytes] | None) -> None:
+        if name in self.policy.peft_config:
+            self.policy.delete_adapter(name)
+        if files is not None:
+            with tempfile.TemporaryDirectory(prefix="orl-adapter-") as folder:
+                for file_name, data in files.items():
+                    (Path(folder) / Path(file_name).name).write_bytes(data)
+                self.policy.load_adapter(folder, adapter_name=name, is_trainable=False)
+            self.policy.to(self.device)
+        self.policy.set_adapter("default")
+
+    def evaluate(self, pairs: list[Any], thumbs: list[Any]) -> dict[str, float]:
+        """Held-out scores (beta * log-ratio margins against the reference) of the current adapter and,
+        when there is one, of the last published adapter on the same samples."""
+        self.policy.eval()
+        try:
+            current = implicit_rewards(self.policy, pairs, thumbs, self.dpo.beta, self.precision, self.anchor)
+            result = {"eval_score": current.mean().item(), "eval_samples": float(len(current))}
+            if pairs:
+                result["eval_accuracy"] = (current[: len(pairs)] > 0).float().mean().item()
+            if self.has_baseline:
+                with reference_policy(self.policy, _BASELINE):  # the baseline as the policy side
+                    baseline = implicit_rewards(self.policy, pairs, thumbs, self.dpo.beta, self.precision,
+                                                self.anchor)
+                result["eval_baseline_score"] = baseline.mean().item()
+            return result
+        finally:
+            self.policy.train()
+
     # -- state ----------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """The adapter, optimizer and random state, for a checkpoint."""
@@ -138,9 +184,9 @@ class PolicyWorker:
             group["lr"] = self.config["learning_rate"]
 
     def save_adapter(self, folder: str) -> None:
-        """Write the adapter as a PEFT folder (safetensors + adapter_config.json)."""
+        """Write the trained adapter as a PEFT folder (safetensors + adapter_config.json)."""
         Path(folder).mkdir(parents=True, exist_ok=True)
-        self.policy.save_pretrained(folder, safe_serialization=True)
+        self.policy.save_pretrained(folder, safe_serialization=True, selected_adapters=["default"])
 
     def context_length(self) -> int:
         return self.max_tokens

@@ -167,7 +167,8 @@ def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
     bus.close()
 
 
-def test_a_restart_before_the_commit_trains_nothing_twice(settings: Settings, ray_runtime: None) -> None:
+def test_a_restart_before_the_commit_trains_nothing_twice(settings: Settings, ray_runtime: None,
+                                                          tmp_path: Path) -> None:
     """The checkpoint, not the group's committed offsets, says where to resume."""
     from online_rl.trainer import CheckpointStore
 
@@ -188,6 +189,16 @@ def test_a_restart_before_the_commit_trains_nothing_twice(settings: Settings, ra
     assert state.samples == 16 and state.offsets == {tp: 16}
     assert CheckpointStore(settings.checkpoint_dir).load_latest().samples == 16  # type: ignore[union-attr]
     bus.close()
+    # the topic recreated empty under the same name: the checkpoint is ahead of it, and the trainer
+    # says so instead of letting the consumer jump somewhere
+    from online_rl.bus.embedded import EmbeddedBus
+    from online_rl.trainer import CheckpointAhead
+
+    recreated = EmbeddedBus(tmp_path / "recreated.db")
+    recreated.create_topic(topics.samples, 1)
+    with pytest.raises(CheckpointAhead, match=r"partition 0 at 16 \(topic ends at 0\)"):
+        Trainer(settings, recreated).run(max_steps=1)
+    recreated.close()
 
 
 def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
@@ -223,4 +234,58 @@ def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
     run_id = client.get_model_version("policy", "1").run_id
     assert client.get_metric_history(run_id, "kto_loss")  # the cold thumbs were trained by KTO
     assert client.get_run(run_id).data.params["cold_start_weight"] == "0.25"
+    bus.close()
+
+
+def test_held_out_gains_trigger_publishing_and_the_champion_becomes_the_kl_anchor(
+    settings: Settings, ray_runtime: None, tmp_path: Path
+) -> None:
+    import mlflow
+
+    from online_rl.tracking import mlflow_client
+    from online_rl.trainer.samples import held_out
+
+    settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={
+        "eval_holdout": 0.25, "eval_every_steps": 1, "publish_on_eval_gain": 0.02, "kl_anchor": "champion",
+        "publish_every_samples": 1000})})  # only an evaluation can make a publish due
+    bus, topics = _kafka_topics(settings, partitions=1)
+    producer = bus.producer()
+    rng = random.Random(6)
+    samples = [_pair(i, rng) for i in range(48)]
+    for sample in samples[:32]:
+        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
+    producer.flush()
+    held = [s.sample_id for s in samples[:32] if held_out(s.sample_id, 0.25)]
+    assert 2 <= len(held) <= 16
+    first = Trainer(settings, bus)
+    state = first.run(idle_exit_s=3.0)
+    assert state.samples == 32 - len(held)  # held-out samples are never trained on
+    assert first.published, "no evaluation beat the threshold"
+    client = mlflow_client(settings)
+
+    def manifest(version: str) -> Any:
+        return read_lineage(Path(mlflow.artifacts.download_artifacts(
+            f"models:/policy/{version}", dst_path=str(tmp_path / f"v{version}"))))
+
+    v1 = manifest(first.published[0].version)
+    assert v1.eval["eval_gain"] >= 0.02 and 1 <= v1.eval["eval_samples"] <= len(held)
+    from online_rl.trainer import CheckpointStore
+
+    latest = CheckpointStore(settings.checkpoint_dir).load_latest()
+    assert latest is not None and len(latest.metadata["eval_set"]) == len(held)  # kept for the next lifetime
+    assert v1.kl_anchor == "base"  # no champion yet
+    # the canary promotes version 1; the next lifetime holds its KL term to it and compares with
+    # its own last published version (reloaded from MLflow) on the held-out set it checkpointed
+    client.set_registered_model_alias("policy", "champion", first.published[0].version)
+    for sample in samples[32:]:
+        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
+    producer.flush()
+    second = Trainer(settings.model_copy(update={"trainer": settings.trainer.model_copy(
+        update={"publish_every_samples": 8})}), bus)
+    second.run(idle_exit_s=3.0)
+    assert second.kl_anchor == f"policy-v{first.published[0].version}"
+    run_id = client.search_runs([client.get_experiment_by_name(settings.trainer.experiment).experiment_id],
+                                order_by=["attributes.start_time DESC"])[0].info.run_id
+    assert client.get_metric_history(run_id, "eval_baseline_score")
+    assert manifest(second.published[0].version).kl_anchor == f"policy-v{first.published[0].version}"
     bus.close()
