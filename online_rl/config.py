@@ -192,10 +192,11 @@ class RayConfig(BaseModel):
 class TrainerConfig(BaseModel):
     """The long-running trainer (`online-rl trainer`)."""
 
-    algorithm: Literal["auto", "dpo", "kto"] = Field(
+    algorithm: Literal["auto", "dpo", "kto", "ppo"] = Field(
         default="auto",
-        description="auto: DPO on preference pairs and KTO on thumbs/ratings in the same step; dpo or "
-        "kto: only that kind of sample (the others are skipped, not dead-lettered).",
+        description="auto: DPO on preference pairs, KTO on thumbs, PPO (with a critic) on graded rewards "
+        "(ratings, scalars, implicit signals); dpo, kto or ppo: only what that algorithm trains on (ppo: "
+        "every rewarded single); the others are skipped, not dead-lettered.",
     )
     batch_size: int = Field(default=8, ge=1, le=4096, description="Samples per training step.")
     batch_timeout_s: float = Field(
@@ -225,6 +226,17 @@ class TrainerConfig(BaseModel):
     experiment: str = Field(default="online-rl-trainer", min_length=1, description="MLflow experiment.")
     group_id: str = Field(default="orl-trainer", min_length=1, description="Consumer group on the samples.")
     seed: int = Field(default=0, description="Seed of the adapter's initialisation and of dropout.")
+    ppo_epochs: int = Field(default=2, ge=1, le=16, description="PPO: optimizer steps over each batch.")
+    kl_coef: float = Field(default=0.05, ge=0, description="PPO: the KL penalty's initial coefficient.")
+    kl_target: float | None = Field(
+        default=None, gt=0, description="PPO: adapt the KL coefficient so the KL per sample tracks this."
+    )
+    critic_learning_rate: float = Field(default=1e-4, gt=0, le=1.0, description="PPO: the critic's rate.")
+    critic_placement: Literal["shared", "separate"] = Field(
+        default="shared",
+        description="PPO's critic (value model) worker: shared runs it in policy rank 0's CPU bundle "
+        "(time-shared, as verl colocates); separate gives it its own bundle of cpus_per_worker.",
+    )
     kl_anchor: Literal["base", "champion"] = Field(
         default="base",
         description="The reference the DPO/KTO KL term holds the adapter to: the base model, or the version "

@@ -61,6 +61,7 @@ class Checkpoint:
     optimizer: dict[str, Any]  # torch optimizer state_dict
     rng: dict[str, Any] = field(default_factory=dict)  # capture_rng()
     metadata: dict[str, Any] = field(default_factory=dict)  # JSON-able extras (config hash, versions, ...)
+    critic: dict[str, Any] | None = None  # PPO's value model: {"adapter": tensors, "optimizer": state_dict}
 
     def restore_into(self, parameters: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
         """Copy the adapter into `parameters` (by name), load the optimizer's state, restore the RNGs."""
@@ -149,6 +150,12 @@ class CheckpointStore:
             rng = dict(checkpoint.rng)
             if "torch" in rng:
                 tensors["rng/torch"] = rng.pop("torch")
+            critic_plain = None
+            if checkpoint.critic is not None:
+                critic_tensors, critic_plain = _split_optimizer(checkpoint.critic["optimizer"])
+                tensors.update({f"critic/{k}": v.cpu() for k, v in critic_tensors.items()})
+                tensors.update({f"critic/adapter/{k}": v.detach().cpu().contiguous()
+                                for k, v in checkpoint.critic["adapter"].items()})
             save_file(tensors, staging / _TENSORS)
             state = {
                 "step": checkpoint.step,
@@ -157,6 +164,7 @@ class CheckpointStore:
                 "optimizer": optimizer_plain,
                 "rng": rng,
                 "metadata": checkpoint.metadata,
+                "critic_optimizer": critic_plain,
             }
             (staging / _STATE).write_text(json.dumps(state))
             manifest = {f: file_sha256(staging / f) for f in (_TENSORS, _STATE)}
@@ -215,6 +223,15 @@ class CheckpointStore:
         rng = dict(state["rng"])
         if "rng/torch" in tensors:
             rng["torch"] = tensors["rng/torch"]
+        critic = None
+        if state.get("critic_optimizer") is not None:
+            critic = {
+                "adapter": {k.removeprefix("critic/adapter/"): v for k, v in tensors.items()
+                            if k.startswith("critic/adapter/")},
+                "optimizer": _join_optimizer({k.removeprefix("critic/"): v for k, v in tensors.items()
+                                              if k.startswith("critic/optimizer/")},
+                                             state["critic_optimizer"]),
+            }
         return Checkpoint(
             step=state["step"],
             samples=state["samples"],
@@ -224,6 +241,7 @@ class CheckpointStore:
                                       state["optimizer"]),
             rng=rng,
             metadata=state["metadata"],
+            critic=critic,
         )
 
     def load_latest(self) -> Checkpoint | None:

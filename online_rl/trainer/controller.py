@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from online_rl.algos import AdaptiveKLController
 from online_rl.bus import Bus, DeadLetters, TopicPartition, open_bus
 from online_rl.bus.topics import Topics
 from online_rl.errors import ConfigError
@@ -42,6 +43,7 @@ from online_rl.stream import Batch, Stream
 from online_rl.trainer.checkpoint import Checkpoint, CheckpointAhead, CheckpointStore
 from online_rl.trainer.evaluation import EvalSet, eval_gain
 from online_rl.trainer.metrics import TrainerMetrics
+from online_rl.trainer.ppo import advantages_for, ppo_config
 from online_rl.trainer.samples import Routed, held_out, load_cold_start, route
 
 if TYPE_CHECKING:
@@ -72,6 +74,7 @@ class TrainerState:
     dead_lettered: int = 0
     skipped: int = 0
     cold_since_publish: int = 0  # cold-start samples trained since the last publish
+    kl_coef: float = 0.05  # PPO's KL coefficient (adapted when trainer.kl_target is set)
     eval_entries: list[Any] = field(default_factory=list)  # the held-out set (EvalSet.to_metadata)
     eval_gain_due: bool = False  # an evaluation beat the last published version by enough
     recent: dict[str, list[float]] = field(default_factory=dict)  # metrics since the last publish
@@ -89,6 +92,7 @@ class TrainerState:
             "skipped": self.skipped,
             "last_publish": self.last_publish,
             "cold_since_publish": self.cold_since_publish,
+            "kl_coef": self.kl_coef,
             "eval_set": self.eval_entries,
             "recent": self.recent,
         }
@@ -108,6 +112,7 @@ class TrainerState:
             skipped=meta.get("skipped", 0), last_publish=meta.get("last_publish", time.time()),
             recent={k: list(v) for k, v in meta.get("recent", {}).items()},
             cold_since_publish=meta.get("cold_since_publish", 0), eval_entries=meta.get("eval_set", []),
+            kl_coef=meta.get("kl_coef", 0.05),
         )
 
 
@@ -126,6 +131,7 @@ class Trainer:
         self.store = CheckpointStore(settings.checkpoint_dir, keep=self.config.keep_checkpoints)
         self.resolved = self.config.model_dump(mode="json")
         self.config_hash = _config_hash(self.resolved)
+        self.ppo_config = ppo_config(self.resolved)
         self.published: list[PublishedVersion] = []
         self.metrics = TrainerMetrics()
         self._group: WorkerGroup | None = None
@@ -173,7 +179,7 @@ class Trainer:
         if checkpoint is None:
             log.info("trainer starting fresh (no checkpoint in %s)", self.store.root,
                      extra={"event": "start", "step": 0, "run_id": self._run_id})
-            return TrainerState()
+            return TrainerState(kl_coef=self.config.kl_coef)
         ends = self.bus.end_offsets(self.topics.samples)
         ahead = {tp: offset for tp, offset in checkpoint.offsets.items()
                  if tp.topic == self.topics.samples and offset > ends.get(tp, 0)}
@@ -188,7 +194,10 @@ class Trainer:
         log.info("trainer resumed from step %d at offsets %s", checkpoint.step, checkpoint.offsets,
                  extra={"event": "resume", "step": checkpoint.step, "samples": checkpoint.samples,
                         "run_id": self._run_id, "offsets": _offsets_field(checkpoint.offsets)})
-        return TrainerState.from_checkpoint(checkpoint)
+        state = TrainerState.from_checkpoint(checkpoint)
+        if self.config.kl_target is None:  # a fixed coefficient: the configured one wins
+            state.kl_coef = self.config.kl_coef
+        return state
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, max_steps: int | None = None, stop: threading.Event | None = None,
@@ -292,7 +301,11 @@ class Trainer:
 
         log.info("step %d started: %d samples", state.step + 1, routed.trained,
                  extra={"event": "step_started", "step": state.step + 1, "batch": routed.trained})
-        metrics = self.group.train_step(routed)
+        metrics: dict[str, float] = {}
+        if routed.pairs or routed.thumbs:
+            metrics = self.group.train_step(routed)
+        if routed.rollouts:
+            metrics = _merge_steps(metrics, self._ppo(state, routed))
         state.step += 1
         state.samples += routed.trained
         state.samples_since_publish += routed.trained
@@ -314,6 +327,20 @@ class Trainer:
                  metrics["loss"], metrics["tokens_per_s"],
                  extra={"event": "step", "step": state.step, "batch": routed.trained} | metrics)
 
+    def _ppo(self, state: TrainerState, routed: Routed) -> dict[str, float]:
+        """PPO on the batch's rollouts: score (policy ranks + critic), advantages here, then update."""
+        scored, values = self.group.ppo_score(routed)
+        old, ref = [o for o, _ in scored], [r for _, r in scored]
+        out = advantages_for(routed.rollouts, old, ref, values, self.ppo_config, state.kl_coef)
+        metrics = self.group.ppo_train(routed, old, out.advantages, out.returns, values)
+        if self.config.kl_target is not None:
+            controller = AdaptiveKLController(self.ppo_config.kl)
+            controller.value = state.kl_coef
+            state.kl_coef = controller.update(out.sequence_kl, len(routed.rollouts))
+        tokens = sum(len(completion) + len(prompt) for prompt, completion, _, _ in routed.rollouts)
+        return metrics | {"ppo_reward": out.mean_reward, "ppo_kl": out.sequence_kl, "kl_coef": state.kl_coef,
+                          "ppo_tokens": float(tokens), "rollouts": float(len(routed.rollouts))}
+
     def _lag(self, state: TrainerState) -> float:
         ends = self.bus.end_offsets(self.topics.samples)
         return float(sum(max(0, end - state.offsets.get(tp, 0)) for tp, end in ends.items()))
@@ -329,7 +356,7 @@ class Trainer:
         snapshot = self.group.snapshot()
         self.store.save(Checkpoint(step=state.step, samples=state.samples, offsets=dict(state.offsets),
                                    adapter=snapshot["adapter"], optimizer=snapshot["optimizer"],
-                                   rng=snapshot["rng"], metadata=state.metadata()))
+                                   rng=snapshot["rng"], metadata=state.metadata(), critic=snapshot["critic"]))
         log.debug("checkpoint at step %d", state.step,
                   extra={"event": "checkpoint", "step": state.step, "offsets": _offsets_field(state.offsets)})
 
@@ -412,6 +439,17 @@ class Trainer:
             return None
         return {"sha256": self.cold_start_sha256, "weight": self.config.cold_start_weight,
                 "file_samples": len(self.cold_start), "mixed_in": state.cold_since_publish}
+
+
+def _merge_steps(step: dict[str, float], ppo: dict[str, float]) -> dict[str, float]:
+    """One row of metrics for a batch that had a DPO/KTO step, a PPO step, or both."""
+    seconds = step.get("step_s", 0.0) + ppo["step_s"]
+    tokens = step.get("tokens_per_s", 0.0) * step.get("step_s", 0.0) + ppo["ppo_tokens"]
+    samples = step.get("samples_per_s", 0.0) * step.get("step_s", 0.0) + ppo["rollouts"]
+    merged = ppo | step | {"step_s": seconds, "tokens_per_s": tokens / seconds,
+                           "samples_per_s": samples / seconds, "ppo_grad_norm": ppo["grad_norm"]}
+    merged["loss"] = step.get("loss", 0.0) + ppo["ppo_loss"]
+    return merged
 
 
 def drop_trained(batch: Batch[Any], trained_up_to: Mapping[TopicPartition, int]) -> None:

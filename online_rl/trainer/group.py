@@ -47,6 +47,9 @@ class WorkerGroup:
                 f" (cluster: {ray.cluster_resources()}); lower trainer.workers or trainer.cpus_per_worker"
             ) from error
         device = "cuda" if trainer.gpus_per_worker else "cpu"
+        self._critic_args = (settings, config, cpus, bundle, device)
+        self.critic: Any = None
+        self.critic_placement: Any = None
         remote: Any = ray.remote(PolicyWorker)
         self.workers: list[Any] = [
             remote.options(num_cpus=cpus, num_gpus=trainer.gpus_per_worker,
@@ -67,6 +70,63 @@ class WorkerGroup:
         parts = ray.get([w.train_step.remote(s) for w, s in zip(self.workers, shards, strict=True)])
         return merge_metrics(parts)
 
+    # -- PPO: the policy ranks and the critic ------------------------------------------------------
+    def ensure_critic(self) -> None:
+        """Start PPO's critic (once): in policy rank 0's bundle ('shared') or its own ('separate')."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from online_rl.trainer.critic import CriticWorker
+
+        if self.critic is not None:
+            return
+        settings, config, cpus, bundle, device = self._critic_args
+        resources: dict[str, float]
+        if settings.trainer.critic_placement == "shared":
+            strategy, resources = PlacementGroupSchedulingStrategy(self.placement, 0), {"num_cpus": 0}
+        else:
+            self.critic_placement = placement_group([dict(bundle)])
+            ray.get(self.critic_placement.ready(), timeout=120)
+            strategy = PlacementGroupSchedulingStrategy(self.critic_placement, 0)
+            resources = {"num_cpus": cpus, "num_gpus": settings.trainer.gpus_per_worker}
+        remote: Any = ray.remote(CriticWorker)
+        self.critic = remote.options(scheduling_strategy=strategy, **resources).remote(
+            str(settings.model_dir), config, max(1, int(cpus)), device)
+        log.info("PPO critic started (%s)", settings.trainer.critic_placement)
+
+    def ppo_score(self, routed: Routed) -> tuple[list[Any], list[list[float]]]:
+        """Per rollout (in `routed` order): (pi_old, reference) token log-probs, and the critic's values."""
+        import ray
+
+        self.ensure_critic()
+        shards = shard(routed, self.size)
+        values = self.critic.values.remote(routed.rollouts)
+        parts = ray.get([w.ppo_score.remote(s.rollouts) for w, s in zip(self.workers, shards, strict=True)])
+        scored: list[Any] = [None] * len(routed.rollouts)
+        for part, piece in zip(shards, parts, strict=True):
+            for index, result in zip(part.rollout_index, piece, strict=True):
+                scored[index] = result
+        return scored, list(ray.get(values))
+
+    def ppo_train(self, routed: Routed, old: list[list[float]], advantages: list[list[float]],
+                  returns: list[list[float]], values: list[list[float]]) -> dict[str, float]:
+        """The policy's PPO epochs on every rank and the critic's, at the same time."""
+        import ray
+
+        shards = shard(routed, self.size)
+        critic = self.critic.train_step.remote(routed.rollouts, returns, values)
+        parts = ray.get([w.ppo_train.remote(s, [old[i] for i in s.rollout_index],
+                                            [advantages[i] for i in s.rollout_index])
+                         for w, s in zip(self.workers, shards, strict=True)])
+        tokens = sum(p["tokens"] for p in parts) or 1
+        merged = {"ppo_loss": sum(p.get("ppo_loss", 0.0) for p in parts), "grad_norm": parts[0]["grad_norm"],
+                  "step_s": max(p["step_s"] for p in parts)}
+        for name in ("ppo_clip_fraction", "ppo_approx_kl", "ppo_truncated_fraction"):
+            merged[name] = sum(p.get(name, 0.0) for p in parts) / tokens
+        return merged | dict(ray.get(critic))
+
+    # -- references ---------------------------------------------------------------------------------
     def set_anchor(self, files: dict[str, bytes] | None) -> None:
         """The frozen adapter every rank's KL term holds to (None: the base)."""
         import ray
@@ -85,14 +145,20 @@ class WorkerGroup:
         return dict(ray.get(self.workers[0].evaluate.remote(pairs, thumbs)))
 
     def snapshot(self) -> dict[str, Any]:
+        """Rank 0's adapter, optimizer and random state (every rank holds the same), and the critic's."""
         import ray
 
-        return dict(ray.get(self.workers[0].snapshot.remote()))  # every rank holds the same state
+        snapshot = dict(ray.get(self.workers[0].snapshot.remote()))
+        snapshot["critic"] = ray.get(self.critic.snapshot.remote()) if self.critic is not None else None
+        return snapshot
 
     def restore(self, checkpoint: Checkpoint) -> None:
         import ray
 
         ray.get([w.restore.remote(checkpoint) for w in self.workers])
+        if checkpoint.critic is not None:
+            self.ensure_critic()
+            ray.get(self.critic.restore.remote(checkpoint.critic))
 
     def save_adapter(self, folder: str) -> None:
         import ray
@@ -114,10 +180,12 @@ class WorkerGroup:
         """Stop the workers and free their placement (their CPUs go back to Ray)."""
         import ray
 
-        for worker in self.workers:
+        for worker in [*self.workers, *([self.critic] if self.critic is not None else [])]:
             ray.kill(worker)
         ray.util.remove_placement_group(self.placement)
-        self.workers = []
+        if self.critic_placement is not None:
+            ray.util.remove_placement_group(self.critic_placement)
+        self.workers, self.critic, self.critic_placement = [], None, None
 
 
 def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:

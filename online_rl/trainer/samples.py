@@ -21,10 +21,14 @@ from online_rl.algos import mismatched_pairs
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
 
-__all__ = ["Routed", "Shard", "held_out", "load_cold_start", "route", "shard"]
+__all__ = ["Algorithm", "Rollout", "Routed", "Shard", "held_out", "load_cold_start", "route", "shard"]
 
 Pair = tuple[list[int], list[int], list[int]]
 Thumb = tuple[list[int], list[int], bool]
+# (prompt, completion, the serving policy's log-probs of the completion or None, reward in [0, 1])
+Rollout = tuple[list[int], list[int], list[float] | None, float]
+Algorithm = Literal["auto", "dpo", "kto", "ppo"]
+GRADED = frozenset({"rating", "scalar", "implicit"})  # feedback kinds `auto` sends to PPO
 
 
 @dataclass
@@ -33,6 +37,8 @@ class Routed:
     thumbs: list[Thumb] = field(default_factory=list)
     pair_ids: list[str] = field(default_factory=list)  # sample ids, parallel to `pairs`
     thumb_ids: list[str] = field(default_factory=list)  # ... and to `thumbs`
+    rollouts: list[Rollout] = field(default_factory=list)
+    rollout_ids: list[str] = field(default_factory=list)
     skipped: int = 0
     unusable: list[tuple[TrainingSample, str]] = field(default_factory=list)
     behaviour_versions: set[str] = field(default_factory=set)
@@ -40,7 +46,7 @@ class Routed:
 
     @property
     def trained(self) -> int:
-        return len(self.pairs) + len(self.thumbs)
+        return len(self.pairs) + len(self.thumbs) + len(self.rollouts)
 
     def split(self, held_out: Callable[[str], bool]) -> tuple[Routed, Routed]:
         """(kept, held): the samples whose id `held_out` accepts go to held, the rest (and the counts,
@@ -57,6 +63,7 @@ class Routed:
             target = held if held_out(sample_id) else kept
             target.thumbs.append(thumb)
             target.thumb_ids.append(sample_id)
+        kept.rollouts, kept.rollout_ids = self.rollouts, self.rollout_ids  # PPO is judged by its reward
         return kept, held
 
     @property
@@ -83,9 +90,12 @@ def _problem(sample: TrainingSample, base_model: str, max_tokens: int) -> str | 
     return None
 
 
-def route(samples: Sequence[TrainingSample], algorithm: Literal["auto", "dpo", "kto"], base_model: str,
+def route(samples: Sequence[TrainingSample], algorithm: Algorithm, base_model: str,
           max_tokens: int) -> Routed:
-    """Sort `samples` into DPO pairs, KTO thumbs, skipped and unusable ones."""
+    """Sort `samples` into DPO pairs, KTO thumbs, PPO rollouts, skipped and unusable ones.
+
+    auto: pairs to DPO, thumbs to KTO, graded rewards (ratings, scalars, implicit signals) to PPO;
+    dpo/kto/ppo: only what that algorithm trains on (ppo: every single with a reward)."""
     routed = Routed()
     for sample in samples:
         problem = _problem(sample, base_model, max_tokens)
@@ -97,6 +107,13 @@ def route(samples: Sequence[TrainingSample], algorithm: Literal["auto", "dpo", "
             routed.pairs.append((list(sample.prompt_token_ids), list(sample.chosen.token_ids),
                                  list(sample.rejected.token_ids)))
             routed.pair_ids.append(sample.sample_id)
+        elif sample.kind == "single" and not sample.defaulted and _to_ppo(sample, algorithm):
+            assert sample.completion is not None and sample.reward is not None
+            logprobs = list(sample.completion.logprobs)
+            routed.rollouts.append((list(sample.prompt_token_ids), list(sample.completion.token_ids),
+                                    logprobs if len(logprobs) == len(sample.completion.token_ids) else None,
+                                    float(sample.reward)))
+            routed.rollout_ids.append(sample.sample_id)
         elif (sample.kind == "single" and algorithm in ("auto", "kto") and sample.label is not None
               and not sample.defaulted):
             assert sample.completion is not None
@@ -124,9 +141,14 @@ class Shard:
     partners: list[list[int]] | None = None
     total_pairs: int = 0
     total_thumbs: int = 0
+    rollouts: list[Rollout] = field(default_factory=list)
+    rollout_index: list[int] = field(default_factory=list)  # each rollout's place in the whole batch
+    total_rollouts: int = 0
+    total_rollout_tokens: int = 0
 
     @property
     def total(self) -> int:
+        """Samples of the DPO/KTO step in the whole batch (PPO takes its own step)."""
         return self.total_pairs + self.total_thumbs
 
 
@@ -139,8 +161,10 @@ def held_out(sample_id: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def _tokens(sample: Pair | Thumb) -> int:
-    prompt, first, second = sample
+def _tokens(sample: Pair | Thumb | Rollout) -> int:
+    if len(sample) == 4:  # a rollout: prompt and completion
+        return len(sample[0]) + len(sample[1])
+    prompt, first, second = sample[:3]
     return len(prompt) + len(first) + (len(second) if isinstance(second, list) else 0)
 
 
@@ -151,14 +175,19 @@ def shard(routed: Routed, workers: int) -> list[Shard]:
     partner_of = ([routed.thumbs[j][1] for j in mismatched_pairs(len(routed.thumbs))]
                   if len(routed.thumbs) >= 2 else None)
     shards = [Shard(partners=[] if partner_of is not None else None, total_pairs=len(routed.pairs),
-                    total_thumbs=len(routed.thumbs)) for _ in range(workers)]
+                    total_thumbs=len(routed.thumbs), total_rollouts=len(routed.rollouts),
+                    total_rollout_tokens=sum(len(r[1]) for r in routed.rollouts)) for _ in range(workers)]
     load = [0] * workers
     work: list[tuple[int, str, int]] = [(_tokens(p), "pair", i) for i, p in enumerate(routed.pairs)]
     work += [(_tokens(t), "thumb", i) for i, t in enumerate(routed.thumbs)]
+    work += [(_tokens(r), "rollout", i) for i, r in enumerate(routed.rollouts)]
     for tokens, kind, index in sorted(work, key=lambda w: (-w[0], w[1], w[2])):
         target = min(range(workers), key=lambda w: (load[w], w))
         load[target] += tokens
-        if kind == "pair":
+        if kind == "rollout":
+            shards[target].rollouts.append(routed.rollouts[index])
+            shards[target].rollout_index.append(index)
+        elif kind == "pair":
             shards[target].pairs.append(routed.pairs[index])
         else:
             shards[target].thumbs.append(routed.thumbs[index])
@@ -167,7 +196,12 @@ def shard(routed: Routed, workers: int) -> list[Shard]:
     return shards
 
 
-def load_cold_start(path: Path, algorithm: Literal["auto", "dpo", "kto"], base_model: str,
+def _to_ppo(sample: TrainingSample, algorithm: Algorithm) -> bool:
+    kind = str(sample.feedback_kind) if sample.feedback_kind is not None else None
+    return algorithm == "ppo" or (algorithm == "auto" and kind in GRADED)
+
+
+def load_cold_start(path: Path, algorithm: Algorithm, base_model: str,
                     max_tokens: int) -> list[TrainingSample]:
     """The cold-start samples of a JSONL file (one TrainingSample JSON object per line), every one
     checked up front: a bad line is a configuration error naming the line, not a crash mid-training."""
@@ -191,5 +225,5 @@ def load_cold_start(path: Path, algorithm: Literal["auto", "dpo", "kto"], base_m
         raise ConfigError(f"trainer.cold_start={path}: sample {sample.sample_id} cannot be trained: {reason}")
     if not routed.trained:
         raise ConfigError(f"trainer.cold_start={path} has no sample that trainer.algorithm={algorithm} "
-                          "trains (pairs for dpo, labelled singles for kto)")
+                          "trains (pairs for dpo, labelled singles for kto, rewarded singles for ppo)")
     return samples

@@ -20,11 +20,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from online_rl.algos import DPOConfig, KTOConfig
-from online_rl.algos.batch import dpo_batch_loss, implicit_rewards, kto_batch_loss
+from online_rl.algos import (
+    DPOConfig,
+    KTOConfig,
+    Sample,
+    forward,
+    pack,
+    policy_loss,
+)
+from online_rl.algos.batch import (
+    autocast,
+    dpo_batch_loss,
+    implicit_rewards,
+    kto_batch_loss,
+    reference_logprobs,
+)
 from online_rl.algos.logprobs import reference_policy
 from online_rl.algos.policy import LoraSpec, lora_policy, trainable_parameters
 from online_rl.trainer.checkpoint import Checkpoint, capture_rng
+from online_rl.trainer.ppo import ppo_config
 from online_rl.trainer.samples import Shard
 
 __all__ = ["PolicyWorker"]
@@ -51,6 +65,7 @@ class PolicyWorker:
         self.optimizer = torch.optim.AdamW(list(self.parameters.values()), lr=config["learning_rate"])
         self.dpo = DPOConfig(beta=config["beta"])
         self.kto = KTOConfig(beta=config["beta"])
+        self.ppo = ppo_config(config)
         self.max_tokens = int(base.config.max_position_embeddings)
         self.device = device
         self.world = 1
@@ -128,6 +143,59 @@ class PolicyWorker:
             for p, chunk in zip(parameters, flat.split([g.numel() for g in grads]), strict=True):
                 p.grad = chunk.view_as(p).clone()
         return float(torch.nn.utils.clip_grad_norm_(parameters, 1.0))
+
+    # -- PPO ------------------------------------------------------------------------------------
+    def ppo_score(self, rollouts: list[Any]) -> list[tuple[list[float], list[float]]]:
+        """Per rollout, the current policy's (pi_old) and the reference's token log-probs, no autograd."""
+        if not rollouts:
+            return []
+        batch = pack([Sample(prompt, (completion,)) for prompt, completion, _, _ in rollouts]).to(self.device)
+        self.policy.eval()
+        try:
+            with torch.no_grad(), autocast(self.precision, self.device.split(":")[0]):
+                old = forward(self.policy, batch).token_logprobs.float()
+            ref = reference_logprobs(self.policy, batch, self.precision, self.anchor).token_logprobs.float()
+        finally:
+            self.policy.train()
+        lengths = batch.lengths.tolist()
+        return [(o.tolist(), r.tolist()) for o, r in zip(old.split(lengths), ref.split(lengths), strict=True)]
+
+    def ppo_train(self, shard: Shard, old: list[list[float]],
+                  advantages: list[list[float]]) -> dict[str, float]:
+        """`ppo_epochs` optimizer steps of the clipped surrogate on this shard's rollouts (behaviour
+        weights from the served log-probs); every rank steps together, even with an empty shard."""
+        start = time.perf_counter()
+        tokens = sum(len(completion) for _, completion, _, _ in shard.rollouts)
+        sums: dict[str, float] = {"rollouts": len(shard.rollouts), "tokens": tokens}
+        if shard.rollouts:
+            batch = pack([Sample(p, (c,)) for p, c, _, _ in shard.rollouts]).to(self.device)
+            served = [b if b is not None else o for (_, _, b, _), o in zip(shard.rollouts, old, strict=True)]
+            old_padded, mask = batch.padded(self._flat(old))
+            adv_padded, _ = batch.padded(self._flat(advantages))
+            behaviour, _ = batch.padded(self._flat(served))
+            # each rank's share of the whole batch's mean, so the summed gradients are one worker's
+            weight = (tokens / shard.total_rollout_tokens if self.ppo.aggregation == "token-mean"
+                      else len(shard.rollouts) / shard.total_rollouts)
+        for _epoch in range(self.config["ppo_epochs"]):
+            if shard.rollouts:
+                with autocast(self.precision, self.device.split(":")[0]):
+                    out = forward(self.policy, batch)
+                logprobs, _ = batch.padded(out.token_logprobs)
+                loss = policy_loss(logprobs, old_padded, adv_padded, mask, self.ppo, behaviour)
+                (loss.loss * weight).backward()
+                for name, value in (("ppo_loss", loss.loss.item() * weight), ("ppo_clip_fraction",
+                                    loss.clip_fraction.item() * tokens), ("ppo_approx_kl",
+                                    loss.approx_kl.item() * tokens), ("ppo_truncated_fraction",
+                                    loss.truncated_fraction.item() * tokens)):
+                    sums[name] = value  # the last epoch's
+            sums["grad_norm"] = self._reduce_gradients()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        sums["step_s"] = time.perf_counter() - start
+        return sums
+
+    def _flat(self, rows: list[list[float]]) -> torch.Tensor:
+        return torch.tensor([x for row in rows for x in row], dtype=torch.float32, device=self.device)
 
     # -- reference and evaluation ---------------------------------------------------------------
     def set_anchor(self, files: dict[str, bytes] | None) -> None:

@@ -86,3 +86,41 @@ def test_two_workers_train_the_same_adapter_as_one(tiny_model: Path, ray_runtime
         for key in ("loss", "dpo_accuracy", "kto_kl", "grad_norm"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=rel, abs=abs_), key
+
+
+def test_ppo_on_two_workers_matches_one(tiny_model: Path, ray_runtime: None) -> None:
+    """PPO's phases (ranks score, the critic values, the controller computes advantages, ranks and
+    critic update) give the same adapter on 2 workers as on 1, with an empty rank in one batch."""
+    from online_rl.trainer.group import WorkerGroup
+    from online_rl.trainer.ppo import advantages_for, ppo_config
+
+    settings = Settings(model={"name": TINY_NAME, "path": tiny_model},  # type: ignore[arg-type]
+                        trainer={"learning_rate": 1e-2, "cpus_per_worker": 1.0})  # type: ignore[arg-type]
+    rng = random.Random(3)
+
+    def rollouts(n: int) -> Routed:
+        return Routed(rollouts=[([rng.randrange(100, 5000) for _ in range(rng.randint(2, 6))],
+                                 [rng.randrange(100, 5000) for _ in range(rng.randint(1, 5))],
+                                 None, rng.random()) for _ in range(n)])
+
+    batches = [rollouts(5), rollouts(1), rollouts(4)]  # the 1-rollout batch leaves rank 1 empty
+    adapters = []
+    for workers in (1, 2):
+        trainer = settings.trainer.model_copy(update={"workers": workers})
+        config = trainer.model_dump(mode="json")
+        group = WorkerGroup(settings.model_copy(update={"trainer": trainer}), config)
+        try:
+            for routed in batches:
+                scored, values = group.ppo_score(routed)
+                old, ref = [o for o, _ in scored], [r for _, r in scored]
+                out = advantages_for(routed.rollouts, old, ref, values, ppo_config(config), 0.05)
+                metrics = group.ppo_train(routed, old, out.advantages, out.returns, values)
+                assert metrics["value_loss"] >= 0 and "ppo_clip_fraction" in metrics
+            adapters.append(group.adapters())
+        finally:
+            group.close()
+    (one,), (first, second) = adapters
+    assert any("lora_B" in name and one[name].abs().sum() > 0 for name in one)  # PPO moved the adapter
+    for name in one:
+        assert torch.equal(first[name], second[name]), name
+        torch.testing.assert_close(first[name], one[name], rtol=1e-4, atol=1e-5)

@@ -289,3 +289,52 @@ def test_held_out_gains_trigger_publishing_and_the_champion_becomes_the_kl_ancho
     assert client.get_metric_history(run_id, "eval_baseline_score")
     assert manifest(second.published[0].version).kl_anchor == f"policy-v{first.published[0].version}"
     bus.close()
+
+
+def _rating(i: int, rng: random.Random) -> TrainingSample:
+    """A rated single answer: 5/5 when it ends with PREFERRED, 1/5 when it ends with AVOIDED."""
+    fields = _pair(i, rng).model_dump(exclude={"chosen", "rejected"})
+    good = i % 2 == 0
+    ids = [PREFERRED if good else AVOIDED]  # one-token answers: the reward is all about that token
+    completion = Completion(request_id=f"a{i}", text="-", token_ids=ids, logprobs=[])
+    return TrainingSample.model_validate(fields | {
+        "kind": "single", "completion": completion, "reward": 1.0 if good else 0.0, "label": good,
+        "feedback_kind": "rating", "behaviour_versions": [None]})
+
+
+def test_ratings_train_ppo_with_a_critic_and_the_version_learns(
+    settings: Settings, ray_runtime: None, tiny_model: Path, tmp_path: Path
+) -> None:
+    import mlflow
+
+    from online_rl.tracking import mlflow_client
+    from online_rl.trainer import CheckpointStore
+
+    settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={
+        "publish_every_samples": 96, "learning_rate": 3e-3, "critic_learning_rate": 1e-3,
+        "kl_coef": 0.01, "ppo_epochs": 4,
+        # a token's prior is the MLPs' to move: attention-only adapters learn it slowly and noisily
+        "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]})})
+    bus, topics = _kafka_topics(settings, partitions=1)
+    producer = bus.producer()
+    rng = random.Random(7)
+    for i in range(96):
+        sample = _rating(i, rng)
+        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
+    producer.flush()
+    held_out: list[tuple[list[int], list[int]]] = [(_ids(rng, 2, 6), []) for _ in range(16)]
+    trainer = Trainer(settings, bus)
+    state = trainer.run(idle_exit_s=3.0)
+    assert state.samples == 96 and [v.version for v in trainer.published] == ["1"]
+    folder = Path(mlflow.artifacts.download_artifacts("models:/policy/1", dst_path=str(tmp_path / "v1")))
+    base, v1 = _margin(tiny_model, None, held_out), _margin(tiny_model, folder, held_out)
+    assert v1 > base + 1.0, (base, v1)  # PPO moved probability from the low-rated ending to the high
+    client = mlflow_client(settings)
+    run_id = client.get_model_version("policy", "1").run_id
+    for name in ("ppo_loss", "value_loss", "ppo_kl", "ppo_reward", "kl_coef"):
+        assert client.get_metric_history(run_id, name), name
+    assert not client.get_metric_history(run_id, "dpo_loss")  # auto sent every rating to PPO
+    checkpoint = CheckpointStore(settings.checkpoint_dir).load_latest()
+    assert checkpoint is not None and checkpoint.critic is not None  # the critic resumes too
+    assert any(name.startswith("value_head.") for name in checkpoint.critic["adapter"])
+    bus.close()
