@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -232,10 +232,11 @@ class TrainerConfig(BaseModel):
         default=None, gt=0, description="PPO: adapt the KL coefficient so the KL per sample tracks this."
     )
     critic_learning_rate: float = Field(default=1e-4, gt=0, le=1.0, description="PPO: the critic's rate.")
-    critic_placement: Literal["shared", "separate"] = Field(
-        default="shared",
+    critic_placement: Literal["auto", "shared", "separate"] = Field(
+        default="auto",
         description="PPO's critic (value model) worker: shared runs it in policy rank 0's CPU bundle "
-        "(time-shared, as verl colocates); separate gives it its own bundle of cpus_per_worker.",
+        "(time-shared, as verl colocates); separate gives it its own bundle of cpus_per_worker (and "
+        "gpus_per_worker); auto: shared on CPUs, separate with GPUs.",
     )
     kl_anchor: Literal["base", "champion"] = Field(
         default="base",
@@ -278,6 +279,20 @@ class TrainerConfig(BaseModel):
         default="PACK",
         description="Ray placement-group strategy for the workers: PACK shares nodes, SPREAD separates them.",
     )
+
+
+    @model_validator(mode="after")
+    def _check_resources(self) -> TrainerConfig:
+        if self.gpus_per_worker and self.critic_placement == "shared":
+            raise ValueError("trainer.critic_placement=shared cannot share a GPU bundle with policy rank "
+                             "0: set trainer.critic_placement=separate when trainer.gpus_per_worker > 0")
+        if self.workers > 1 and 0 < self.gpus_per_worker < 1:
+            raise ValueError(f"trainer.gpus_per_worker={self.gpus_per_worker} would put two ranks on one "
+                             "GPU, which NCCL refuses: use whole GPUs (e.g. 1) with several workers")
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ValueError("trainer.kl_coef=0 cannot adapt towards trainer.kl_target: start it above 0, "
+                             "e.g. 0.05, or leave kl_target empty")
+        return self
 
 
 _yaml_data: ContextVar[dict[str, Any] | None] = ContextVar("_yaml_data", default=None)

@@ -51,3 +51,18 @@ def test_explicit_arguments_beat_the_environment(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setenv("ORL_CACHE_DIR", "/elsewhere")
     assert Settings(cache_dir=tmp_path).cache_dir == tmp_path
+
+
+@pytest.mark.parametrize(("yaml", "message"), [
+    ("trainer:\n  gpus_per_worker: 1\n  critic_placement: shared\n",
+     r"trainer.critic_placement=shared cannot share a GPU bundle .* set trainer.critic_placement=separate"),
+    ("trainer:\n  workers: 2\n  gpus_per_worker: 0.5\n", r"trainer.gpus_per_worker=0.5 would put two ranks"),
+    ("trainer:\n  kl_target: 1.0\n  kl_coef: 0\n", r"trainer.kl_coef=0 cannot adapt towards"),
+    ("trainer:\n  eval_holdout: 0.7\n", r"trainer.eval_holdout"),
+    ("trainer:\n  algorithm: grpo\n", r"trainer.algorithm"),
+])
+def test_trainer_settings_that_cannot_work_are_refused(tmp_path: Path, yaml: str, message: str) -> None:
+    config = tmp_path / "orl.yaml"
+    config.write_text(yaml)
+    with pytest.raises(ConfigError, match=message):
+        load_settings(config)

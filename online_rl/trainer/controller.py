@@ -31,6 +31,7 @@ from online_rl.bus.topics import Topics
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
 from online_rl.registry import (
+    LINEAGE_NAME,
     PublishedVersion,
     adapter_files,
     alias_version,
@@ -112,7 +113,7 @@ class TrainerState:
             skipped=meta.get("skipped", 0), last_publish=meta.get("last_publish", time.time()),
             recent={k: list(v) for k, v in meta.get("recent", {}).items()},
             cold_since_publish=meta.get("cold_since_publish", 0), eval_entries=meta.get("eval_set", []),
-            kl_coef=meta.get("kl_coef", 0.05),
+            kl_coef=meta.get("kl_coef", 0.0),
         )
 
 
@@ -167,7 +168,8 @@ class Trainer:
         self.anchor_version: str | None = None
         self.kl_anchor = "base"
         state = self._resume()
-        self.evalset = EvalSet(self.config.eval_size, state.eval_entries)
+        self.evalset = EvalSet(self.config.eval_size,
+                               state.eval_entries if self.config.eval_holdout > 0 else [])
         self._refresh_anchor()
         if state.parent_version_number is not None and self.config.eval_holdout > 0:
             self._group.set_baseline(adapter_files(client, self.settings.mlflow.registered_model,
@@ -195,7 +197,7 @@ class Trainer:
                  extra={"event": "resume", "step": checkpoint.step, "samples": checkpoint.samples,
                         "run_id": self._run_id, "offsets": _offsets_field(checkpoint.offsets)})
         state = TrainerState.from_checkpoint(checkpoint)
-        if self.config.kl_target is None:  # a fixed coefficient: the configured one wins
+        if self.config.kl_target is None or not state.kl_coef:  # fixed (or never adapted): the config's
             state.kl_coef = self.config.kl_coef
         return state
 
@@ -428,6 +430,12 @@ class Trainer:
         if version == self.anchor_version:
             return
         files = adapter_files(self._client, registered, version) if version is not None else None
+        if files is not None:
+            base = json.loads(files[LINEAGE_NAME]).get("base_model")
+            if base != self.settings.model.name:
+                log.error("champion %s was trained on %r, not on %r: the KL anchor stays where it was",
+                          serving_name(registered, version or ""), base, self.settings.model.name)
+                return
         self.group.set_anchor(files)
         self.anchor_version = version
         self.kl_anchor = serving_name(registered, version) if version is not None else "base"

@@ -42,7 +42,8 @@ class CriticWorker:
         torch.nn.init.zeros_(self.head.bias)
         self.parameters = trainable_parameters(self.model) | {
             _HEAD + name: p for name, p in self.head.named_parameters()}
-        self.optimizer = torch.optim.AdamW(list(self.parameters.values()), lr=config["critic_learning_rate"])
+        self.learning_rate = config["critic_learning_rate"]
+        self.optimizer = torch.optim.AdamW(list(self.parameters.values()), lr=self.learning_rate)
         self.ppo = ppo_config(config)
         self.epochs = config["ppo_epochs"]
 
@@ -87,3 +88,5 @@ class CriticWorker:
             for name, parameter in self.parameters.items():
                 parameter.copy_(state["adapter"][name])
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # the configured rate wins over the checkpoint's
+            group["lr"] = self.learning_rate

@@ -57,9 +57,16 @@ class WorkerGroup:
             .remote(str(settings.model_dir), config, max(1, int(cpus)), device)
             for rank in range(self.size)
         ]
-        if self.size > 1:
-            address, port = ray.get(self.workers[0].rendezvous.remote())
-            ray.get([w.join.remote(address, port, rank, self.size) for rank, w in enumerate(self.workers)])
+        try:
+            if self.size > 1:
+                address, port = ray.get(self.workers[0].rendezvous.remote())
+                ray.get([w.join.remote(address, port, rank, self.size)
+                         for rank, w in enumerate(self.workers)])
+            else:
+                ray.get(self.workers[0].context_length.remote())  # surfaces a failed start here
+        except Exception:
+            self.close()  # a worker that could not start: give its CPUs back before raising
+            raise
         log.info("trainer worker group: %d worker(s) of %s each (%s)", self.size, bundle, trainer.placement)
 
     def train_step(self, routed: Routed) -> dict[str, float]:
@@ -83,11 +90,20 @@ class WorkerGroup:
             return
         settings, config, cpus, bundle, device = self._critic_args
         resources: dict[str, float]
-        if settings.trainer.critic_placement == "shared":
+        placement = settings.trainer.critic_placement
+        if placement == "shared" or (placement == "auto" and not settings.trainer.gpus_per_worker):
             strategy, resources = PlacementGroupSchedulingStrategy(self.placement, 0), {"num_cpus": 0}
         else:
             self.critic_placement = placement_group([dict(bundle)])
-            ray.get(self.critic_placement.ready(), timeout=120)
+            try:
+                ray.get(self.critic_placement.ready(), timeout=120)
+            except ray.exceptions.GetTimeoutError as error:
+                ray.util.remove_placement_group(self.critic_placement)
+                self.critic_placement = None
+                raise RuntimeError(
+                    f"Ray cannot place PPO's critic ({bundle}) beside the policy workers (cluster: "
+                    f"{ray.cluster_resources()}); set trainer.critic_placement=shared or free resources"
+                ) from error
             strategy = PlacementGroupSchedulingStrategy(self.critic_placement, 0)
             resources = {"num_cpus": cpus, "num_gpus": settings.trainer.gpus_per_worker}
         remote: Any = ray.remote(CriticWorker)

@@ -212,30 +212,39 @@ class PolicyWorker:
         if name in self.policy.peft_config:
             self.policy.delete_adapter(name)
         if files is not None:
-            with tempfile.TemporaryDirectory(prefix="orl-adapter-") as folder:
+            # PEFT draws a fresh adapter's init from the global RNG: keep the training stream intact
+            with (tempfile.TemporaryDirectory(prefix="orl-adapter-") as folder,
+                  torch.random.fork_rng(devices=[])):
                 for file_name, data in files.items():
                     (Path(folder) / Path(file_name).name).write_bytes(data)
                 self.policy.load_adapter(folder, adapter_name=name, is_trainable=False)
             self.policy.to(self.device)
         self.policy.set_adapter("default")
+        self.policy.train()  # load_adapter(is_trainable=False) puts the whole model in eval mode
 
     def evaluate(self, pairs: list[Any], thumbs: list[Any]) -> dict[str, float]:
         """Held-out scores (beta * log-ratio margins against the reference) of the current adapter and,
         when there is one, of the last published adapter on the same samples."""
         self.policy.eval()
         try:
-            current = implicit_rewards(self.policy, pairs, thumbs, self.dpo.beta, self.precision, self.anchor)
+            current = self._scores(pairs, thumbs)
             result = {"eval_score": current.mean().item(), "eval_samples": float(len(current))}
             if pairs:
                 result["eval_accuracy"] = (current[: len(pairs)] > 0).float().mean().item()
             if self.has_baseline:
                 with reference_policy(self.policy, _BASELINE):  # the baseline as the policy side
-                    baseline = implicit_rewards(self.policy, pairs, thumbs, self.dpo.beta, self.precision,
-                                                self.anchor)
-                result["eval_baseline_score"] = baseline.mean().item()
+                    result["eval_baseline_score"] = self._scores(pairs, thumbs).mean().item()
             return result
         finally:
             self.policy.train()
+
+    def _scores(self, pairs: list[Any], thumbs: list[Any], chunk: int = 16) -> torch.Tensor:
+        """Held-out scores, pairs first, a chunk of samples per forward pass (bounded memory)."""
+        parts = [implicit_rewards(self.policy, pairs[i:i + chunk], [], self.dpo.beta, self.precision,
+                                  self.anchor) for i in range(0, len(pairs), chunk)]
+        parts += [implicit_rewards(self.policy, [], thumbs[i:i + chunk], self.dpo.beta, self.precision,
+                                   self.anchor) for i in range(0, len(thumbs), chunk)]
+        return torch.cat(parts)
 
     # -- state ----------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

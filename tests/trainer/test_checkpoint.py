@@ -161,3 +161,26 @@ def test_records_already_trained_or_read_twice_are_dropped() -> None:
     batch.items.append("cold")
     drop_trained(batch, {TopicPartition("orl.samples", 0): 4})
     assert batch.items == ["b", "c", "e", "cold"]
+
+
+def test_the_critic_s_weights_and_optimizer_round_trip(tmp_path: Path) -> None:
+    head = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=0.1)
+    head(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    critic = {"adapter": {f"value_head.{n}": p.detach().clone() for n, p in head.named_parameters()},
+              "optimizer": optimizer.state_dict()}
+    store = CheckpointStore(tmp_path)
+    store.save(Checkpoint(step=1, samples=1, offsets={}, adapter={"w": torch.zeros(2)},
+                          optimizer=torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1).state_dict(),
+                          critic=critic))
+    loaded = store.load_latest()
+    assert loaded is not None and loaded.critic is not None
+    assert loaded.critic["adapter"].keys() == critic["adapter"].keys()
+    for name, value in critic["adapter"].items():
+        assert torch.equal(loaded.critic["adapter"][name], value)
+    restored = torch.optim.AdamW(torch.nn.Linear(4, 1).parameters(), lr=0.1)
+    restored.load_state_dict(loaded.critic["optimizer"])
+    moment = optimizer.state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(restored.state_dict()["state"][0]["exp_avg"], moment)
+    assert loaded.adapter.keys() == {"w"}  # the policy's own tensors stay apart
