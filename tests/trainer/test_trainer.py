@@ -68,6 +68,13 @@ def _margin(model_dir: Path, adapter: Path | None, held_out: list[tuple[list[int
     return (sums[0::2] - sums[1::2]).mean().item()
 
 
+def send(producer: Any, topic: str, samples: list[TrainingSample]) -> None:
+    """Produce `samples` to `topic` (keyed by sample id) and wait until the broker has them all."""
+    for sample in samples:
+        producer.produce(topic, encode(sample), sample.sample_id.encode())
+    producer.flush()
+
+
 def _kafka_topics(settings: Settings, partitions: int) -> tuple[Bus, Topics]:
     """A Kafka bus with this test's samples topic (`partitions`) and dead-letter topic."""
     topics = Topics(settings.bus.topic_prefix)
@@ -102,18 +109,13 @@ def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
     bad = _pair(99, rng, model="another-model")
     held_out = [(_ids(rng, 2, 6), _ids(rng, 1, 3)) for _ in range(16)]
 
-    def send(batch: list[TrainingSample]) -> None:
-        for sample in batch:
-            producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
-        producer.flush()
-
     # first lifetime: 16 samples -> version 1; it stops once the stream is quiet
-    send(samples[:16])
+    send(producer, topics.samples, samples[:16])
     first = Trainer(settings, bus)
     state = first.run(idle_exit_s=3.0)
     assert state.samples == 16 and [v.version for v in first.published] == ["1"]
     # more traffic (one sample unusable); the second lifetime resumes from the checkpoint -> version 2
-    send([samples[16], bad, *samples[17:]])
+    send(producer, topics.samples, [samples[16], bad, *samples[17:]])
     second = Trainer(settings, bus)
     state = second.run(idle_exit_s=4.0)
     assert [v.version for v in second.published] == ["2"]
@@ -175,10 +177,7 @@ def test_a_restart_before_the_commit_trains_nothing_twice(settings: Settings, ra
     bus, topics = _kafka_topics(settings, partitions=1)
     rng = random.Random(1)
     producer = bus.producer()
-    for i in range(16):
-        sample = _pair(i, rng)
-        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
-    producer.flush()
+    send(producer, topics.samples, [_pair(i, rng) for i in range(16)])
     Trainer(settings, bus).run(max_steps=1)
     tp = TopicPartition(topics.samples, 0)
     # As if it crashed after the checkpoint but before the commit: a group with nothing committed
@@ -215,10 +214,7 @@ def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
     bus, topics = _kafka_topics(settings, partitions=1)
     producer = bus.producer()
     rng = random.Random(4)
-    for i in range(8):
-        sample = _pair(i, rng)
-        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
-    producer.flush()
+    send(producer, topics.samples, [_pair(i, rng) for i in range(8)])
     trainer = Trainer(settings, bus)
     state = trainer.run(idle_exit_s=3.0)
     # one cold-start thumb for every three live pairs: 8 live + 2 cold, all in one version
@@ -252,9 +248,7 @@ def test_held_out_gains_trigger_publishing_and_the_champion_becomes_the_kl_ancho
     producer = bus.producer()
     rng = random.Random(6)
     samples = [_pair(i, rng) for i in range(48)]
-    for sample in samples[:32]:
-        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
-    producer.flush()
+    send(producer, topics.samples, samples[:32])
     held = [s.sample_id for s in samples[:32] if held_out(s.sample_id, 0.25)]
     assert 2 <= len(held) <= 16
     first = Trainer(settings, bus)
@@ -277,9 +271,7 @@ def test_held_out_gains_trigger_publishing_and_the_champion_becomes_the_kl_ancho
     # the canary promotes version 1; the next lifetime holds its KL term to it and compares with
     # its own last published version (reloaded from MLflow) on the held-out set it checkpointed
     client.set_registered_model_alias("policy", "champion", first.published[0].version)
-    for sample in samples[32:]:
-        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
-    producer.flush()
+    send(producer, topics.samples, samples[32:])
     second = Trainer(settings.model_copy(update={"trainer": settings.trainer.model_copy(
         update={"publish_every_samples": 8})}), bus)
     second.run(idle_exit_s=3.0)
@@ -318,10 +310,7 @@ def test_ratings_train_ppo_with_a_critic_and_the_version_learns(
     bus, topics = _kafka_topics(settings, partitions=1)
     producer = bus.producer()
     rng = random.Random(7)
-    for i in range(96):
-        sample = _rating(i, rng)
-        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
-    producer.flush()
+    send(producer, topics.samples, [_rating(i, rng) for i in range(96)])
     held_out: list[tuple[list[int], list[int]]] = [(_ids(rng, 2, 6), []) for _ in range(16)]
     trainer = Trainer(settings, bus)
     state = trainer.run(idle_exit_s=3.0)

@@ -18,10 +18,9 @@ from online_rl.bus import TopicPartition, ensure_topics
 from online_rl.bus.embedded import EmbeddedBus
 from online_rl.bus.topics import Topics
 from online_rl.config import Settings
-from online_rl.events import encode
 from online_rl.trainer import CheckpointStore
 from tests.conftest import TINY_NAME, _free_port
-from tests.trainer.test_trainer import _pair
+from tests.trainer.test_trainer import _pair, send
 
 pytestmark = pytest.mark.slow
 
@@ -38,10 +37,7 @@ def test_sigterm_finishes_the_step_checkpoints_commits_and_exits(tiny_model: Pat
     ensure_topics(bus, 1, topics)
     producer = bus.producer()
     rng = random.Random(3)
-    for i in range(8):
-        sample = _pair(i, rng)
-        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
-    producer.flush()
+    send(producer, topics.samples, [_pair(i, rng) for i in range(8)])
 
     port = _free_port()
     command = [sys.executable, "-m", "online_rl.cli", "trainer", "--metrics-port", str(port)]

@@ -25,11 +25,10 @@ from online_rl.bus import TopicPartition
 from online_rl.bus.kafka import KafkaBus
 from online_rl.bus.topics import Topics
 from online_rl.config import Settings
-from online_rl.events import encode
 from online_rl.registry import read_lineage
 from online_rl.trainer import CheckpointStore
 from tests.conftest import TINY_NAME
-from tests.trainer.test_trainer import _pair
+from tests.trainer.test_trainer import _pair, send
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -62,10 +61,7 @@ def test_sigkill_mid_step_then_restart_trains_every_sample_exactly_once(
     bus.create_topic(topics.dlq, 1)
     producer = bus.producer()
     rng = random.Random(5)
-    for i in range(SAMPLES):
-        sample = _pair(i, rng)
-        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
-    producer.flush()
+    send(producer, topics.samples, [_pair(i, rng) for i in range(SAMPLES)])
     command = [sys.executable, "-m", "online_rl.cli", "trainer", "--metrics-port", "0"]
     store = CheckpointStore(settings.checkpoint_dir)
 
