@@ -1,0 +1,126 @@
+"""The rollout plan and its decisions: advance, hold, promote or roll back, each with its evidence.
+
+A plan is a list of challenger weights (e.g. 5% -> 25% -> 50% -> 100%). At each step the analysis
+compares the versions' rewards with an always-valid confidence sequence (`sequential.compare`) and
+checks guardrails (error rate, p99 latency, KL to the champion):
+
+1. a guardrail broken, or the challenger confidently worse (the sequence's upper bound < 0): roll back;
+2. enough feedback on both arms and the challenger confidently no worse than `margin` (lower bound
+   > -margin): advance; after the last step, promote;
+3. the step ran out of time without that confidence: `on_timeout` (roll back by default);
+4. otherwise hold.
+
+`decide` is pure (state, evidence, clock in; decision out) so the controller, its tests and the
+audit log see exactly the same reasoning. Knows nothing about HTTP, MLflow or the gateway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from online_rl.rollout.sequential import ArmStats, Comparison, compare
+
+__all__ = ["ArmHealth", "Decision", "Evidence", "Guardrails", "RolloutPlan", "decide"]
+
+Action = Literal["hold", "advance", "promote", "rollback"]
+
+
+@dataclass(frozen=True)
+class Guardrails:
+    max_error_rate_increase: float = 0.01  # challenger error rate minus champion's
+    max_p99_latency_ratio: float = 1.5  # challenger p99 / champion p99
+    max_kl: float | None = None  # mean KL(challenger || champion) per response, when measured
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    steps: tuple[float, ...] = (0.05, 0.25, 0.5, 1.0)
+    min_samples: int = 200  # rewards per arm before a step may pass
+    margin: float = 0.02  # "no worse than" tolerance on the 0-1 reward scale
+    max_step_s: float = 3600.0
+    on_timeout: Literal["rollback", "advance"] = "rollback"
+    alpha: float = 0.05
+    tau: float = 0.1
+    guardrails: Guardrails = field(default_factory=Guardrails)
+
+    def __post_init__(self) -> None:
+        steps = list(self.steps)
+        if not steps or any(not 0 < w <= 1 for w in steps) or steps != sorted(set(steps)):
+            raise ValueError(f"rollout steps {self.steps} must be increasing weights in (0, 1], "
+                             "e.g. 0.05, 0.25, 0.5, 1")
+        if self.min_samples < 1 or self.margin < 0 or self.max_step_s <= 0:
+            raise ValueError("rollout min_samples must be >= 1, margin >= 0 and max_step_s > 0")
+
+
+@dataclass(frozen=True)
+class ArmHealth:
+    requests: int = 0
+    errors: int = 0
+    p99_latency_s: float | None = None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the analysis saw at one look (per arm since the step began)."""
+
+    challenger: ArmStats
+    champion: ArmStats
+    challenger_health: ArmHealth = ArmHealth()
+    champion_health: ArmHealth = ArmHealth()
+    kl: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    step: int  # the step index the decision was taken at
+    weight: float  # the challenger weight after the decision
+    comparison: Comparison
+
+
+def _guardrail(plan: RolloutPlan, evidence: Evidence) -> str | None:
+    g, ch, cp = plan.guardrails, evidence.challenger_health, evidence.champion_health
+    if ch.requests and ch.error_rate - cp.error_rate > g.max_error_rate_increase:
+        return (f"error rate {ch.error_rate:.3f} vs champion {cp.error_rate:.3f} "
+                f"(allowed +{g.max_error_rate_increase})")
+    limit = g.max_p99_latency_ratio * (cp.p99_latency_s or 0.0)
+    if ch.p99_latency_s and cp.p99_latency_s and ch.p99_latency_s > limit:
+        return (f"p99 latency {ch.p99_latency_s:.3f}s vs champion {cp.p99_latency_s:.3f}s "
+                f"(allowed x{g.max_p99_latency_ratio})")
+    if g.max_kl is not None and evidence.kl is not None and evidence.kl > g.max_kl:
+        return f"KL to the champion {evidence.kl:.3f} above {g.max_kl}"
+    return None
+
+
+def decide(plan: RolloutPlan, step: int, step_started: float, now: float, evidence: Evidence) -> Decision:
+    """The decision at step `step` (an index into `plan.steps`) given the evidence since it began."""
+    comparison = compare(evidence.challenger, evidence.champion, plan.alpha, plan.tau)
+    weight = plan.steps[step]
+    broken = _guardrail(plan, evidence)
+    if broken:
+        return Decision("rollback", f"guardrail: {broken}", step, 0.0, comparison)
+    if comparison.upper < 0:
+        return Decision("rollback", f"challenger worse: reward difference in [{comparison.lower:.3f}, "
+                        f"{comparison.upper:.3f}] (always-valid {1 - plan.alpha:.0%})", step, 0.0, comparison)
+    enough = min(evidence.challenger.n, evidence.champion.n) >= plan.min_samples
+    if enough and comparison.lower > -plan.margin:
+        last = step == len(plan.steps) - 1
+        reason = (f"challenger no worse than -{plan.margin}: difference in [{comparison.lower:.3f}, "
+                  f"{comparison.upper:.3f}] on {evidence.challenger.n}/{evidence.champion.n} rewards")
+        if last:
+            return Decision("promote", reason, step, 1.0, comparison)
+        return Decision("advance", reason, step + 1, plan.steps[step + 1], comparison)
+    if now - step_started >= plan.max_step_s:
+        if plan.on_timeout == "advance" and step < len(plan.steps) - 1:
+            return Decision("advance", "step timed out without a verdict (on_timeout: advance)", step + 1,
+                            plan.steps[step + 1], comparison)
+        return Decision("rollback", f"step timed out after {plan.max_step_s:.0f}s without confidence that "
+                        "the challenger is no worse", step, 0.0, comparison)
+    return Decision("hold", f"waiting: {evidence.challenger.n}/{evidence.champion.n} rewards, difference in "
+                    f"[{comparison.lower:.3f}, {comparison.upper:.3f}]", step, weight, comparison)

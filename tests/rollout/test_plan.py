@@ -1,0 +1,54 @@
+"""The plan's decisions: advance, promote, hold, roll back — each for the reason it gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from online_rl.rollout import ArmHealth, ArmStats, Evidence, Guardrails, RolloutPlan, decide
+
+PLAN = RolloutPlan(steps=(0.05, 0.25, 1.0), min_samples=100, margin=0.02, max_step_s=600)
+
+
+def _arm(n: int, mean: float) -> ArmStats:
+    ones = round(n * mean)
+    return ArmStats(n=n, total=float(ones), total_sq=float(ones))
+
+
+def test_a_challenger_as_good_advances_step_by_step_then_is_promoted() -> None:
+    evidence = Evidence(_arm(2000, 0.62), _arm(2000, 0.5))
+    first = decide(PLAN, 0, step_started=0, now=10, evidence=evidence)
+    assert (first.action, first.step, first.weight) == ("advance", 1, 0.25)
+    assert "no worse than -0.02" in first.reason
+    last = decide(PLAN, 2, 0, 10, evidence)
+    assert (last.action, last.weight) == ("promote", 1.0)
+
+
+def test_too_little_feedback_holds_and_a_timeout_rolls_back() -> None:
+    evidence = Evidence(_arm(40, 0.7), _arm(900, 0.5))
+    assert decide(PLAN, 0, 0, 10, evidence).action == "hold"
+    timed_out = decide(PLAN, 0, 0, 601, evidence)
+    assert timed_out.action == "rollback" and "timed out after 600s" in timed_out.reason
+    lenient = RolloutPlan(steps=(0.05, 1.0), min_samples=100, max_step_s=600, on_timeout="advance")
+    assert decide(lenient, 0, 0, 601, evidence).action == "advance"
+
+
+def test_a_worse_challenger_is_rolled_back_with_its_evidence() -> None:
+    out = decide(PLAN, 1, 0, 10, Evidence(_arm(800, 0.3), _arm(3000, 0.5)))
+    assert (out.action, out.weight) == ("rollback", 0.0)
+    assert out.comparison.upper < 0 and "challenger worse" in out.reason
+
+
+def test_guardrails_roll_back_whatever_the_reward_says() -> None:
+    good = (_arm(2000, 0.7), _arm(2000, 0.5))
+    errors = Evidence(*good, challenger_health=ArmHealth(1000, 50), champion_health=ArmHealth(1000, 5))
+    assert "error rate 0.050" in decide(PLAN, 0, 0, 10, errors).reason
+    slow = Evidence(*good, challenger_health=ArmHealth(10, 0, 2.0), champion_health=ArmHealth(10, 0, 1.0))
+    assert "p99 latency" in decide(PLAN, 0, 0, 10, slow).reason
+    kl_plan = RolloutPlan(steps=(0.1, 1.0), guardrails=Guardrails(max_kl=0.5))
+    assert "KL to the champion" in decide(kl_plan, 0, 0, 10, Evidence(*good, kl=0.9)).reason
+
+
+@pytest.mark.parametrize("steps", [(), (0.5, 0.25), (0.0, 1.0), (0.5, 1.5), (0.5, 0.5)])
+def test_a_plan_with_bad_steps_is_refused(steps: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match="must be increasing weights in"):
+        RolloutPlan(steps=steps)
