@@ -5,6 +5,7 @@ The pieces here are pure (no HTTP, no MLflow); the gateway service and the rollo
 them.
 """
 
+from online_rl.rollout.controller import RolloutConflict, RolloutController, RolloutState, RolloutStore
 from online_rl.rollout.offpolicy import OffPolicyEstimate, snips
 from online_rl.rollout.plan import ArmHealth, Decision, Evidence, Guardrails, RolloutPlan, decide
 from online_rl.rollout.sequential import ArmStats, Comparison, compare
@@ -20,7 +21,11 @@ __all__ = [
     "Evidence",
     "Guardrails",
     "OffPolicyEstimate",
+    "RolloutConflict",
+    "RolloutController",
     "RolloutPlan",
+    "RolloutState",
+    "RolloutStore",
     "arm_for",
     "bucket",
     "compare",

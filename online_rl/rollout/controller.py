@@ -1,0 +1,238 @@
+"""The rollout controller's state, its audit log and the MLflow side of its decisions.
+
+One rollout at a time walks a challenger version through the plan. Every decision — the plan's
+(`plan.decide`) or a person's (pause, resume, set weight, promote, roll back) — is applied to the
+state, written durably (the state file is replaced atomically, the audit log is appended and
+fsynced) and, when it promotes or rolls back, carried out in MLflow: promotion moves the `champion`
+alias to the challenger and drops `challenger` (the old champion stays registered and loadable);
+a rollback drops `challenger` and leaves `champion` where it was. Each version involved is tagged
+with the decision and its evidence, so the MLflow UI tells the story too. The state survives a
+restart of whatever runs the controller.
+
+Knows MLflow's client and the plan; knows nothing about HTTP, the gateway or the inference replicas
+(the gateway reads `weight` and loads or unloads adapters).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from online_rl.errors import OnlineRLError
+from online_rl.registry import alias_version
+from online_rl.rollout.plan import Decision, Evidence, RolloutPlan, decide
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+__all__ = ["RolloutConflict", "RolloutController", "RolloutState", "RolloutStore"]
+
+log = logging.getLogger(__name__)
+
+Status = Literal["running", "paused", "promoted", "rolled_back"]
+
+
+class RolloutConflict(OnlineRLError):
+    """The request does not fit the rollout's current state (e.g. starting a second one)."""
+
+
+@dataclass
+class RolloutState:
+    rollout_id: str
+    registered_model: str
+    challenger: str  # version number
+    champion: str | None  # version number when the rollout began
+    status: Status = "running"
+    step: int = 0
+    weight: float = 0.0
+    started: float = 0.0
+    step_started: float = 0.0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("running", "paused")
+
+
+class RolloutStore:
+    """`state.json` (atomically replaced) and `audit.jsonl` (appended, fsynced) under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.state_path = self.root / "state.json"
+        self.audit_path = self.root / "audit.jsonl"
+
+    def load(self) -> RolloutState | None:
+        if not self.state_path.is_file():
+            return None
+        return RolloutState(**json.loads(self.state_path.read_text()))
+
+    def save(self, state: RolloutState) -> None:
+        staging = self.root / f".state-{uuid.uuid4().hex}.json"
+        with staging.open("w") as handle:
+            json.dump(asdict(state), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, self.state_path)
+
+    def audit(self, entry: dict[str, Any]) -> None:
+        with self.audit_path.open("a") as handle:
+            handle.write(json.dumps(entry, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def entries(self) -> list[dict[str, Any]]:
+        if not self.audit_path.is_file():
+            return []
+        return [json.loads(line) for line in self.audit_path.read_text().splitlines() if line.strip()]
+
+
+class RolloutController:
+    """Applies decisions to the one rollout in `store`, in MLflow and in the audit log."""
+
+    def __init__(self, client: MlflowClient, registered_model: str, plan: RolloutPlan, store: RolloutStore,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.client = client
+        self.registered_model = registered_model
+        self.plan = plan
+        self.store = store
+        self.clock = clock
+        self.state = store.load()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, challenger: str | None = None, actor: str = "controller") -> RolloutState:
+        """Begin a rollout of `challenger` (default: the version the `challenger` alias names)."""
+        if self.state is not None and self.state.active:
+            raise RolloutConflict(f"rollout {self.state.rollout_id} of version {self.state.challenger} is "
+                                  f"{self.state.status}: promote or roll it back first")
+        version = challenger or alias_version(self.client, self.registered_model, "challenger")
+        if version is None:
+            raise RolloutConflict(f"MLflow has no `challenger` version of {self.registered_model!r} to "
+                                  "roll out: publish one (the trainer does) or name the version")
+        now = self.clock()
+        self.state = RolloutState(
+            rollout_id=f"r-{uuid.uuid4().hex[:12]}", registered_model=self.registered_model,
+            challenger=str(version),
+            champion=alias_version(self.client, self.registered_model, "champion"),
+            weight=self.plan.steps[0], started=now, step_started=now)
+        self._record("start", f"rollout of version {version} at {self.plan.steps[0]:.0%}", actor)
+        return self.state
+
+    def observe(self, evidence: Evidence) -> Decision | None:
+        """Let the plan judge `evidence` (None while paused or without a rollout)."""
+        state = self.state
+        if state is None or state.status != "running":
+            return None
+        decision = decide(self.plan, state.step, state.step_started, self.clock(), evidence)
+        if decision.action != "hold":
+            self._apply(decision.action, decision.reason, "controller", decision)
+        return decision
+
+    # -- a person's controls ----------------------------------------------------------------------
+    def pause(self, actor: str) -> RolloutState:
+        state = self._require(("running",), "pause")
+        state.status = "paused"
+        self._record("pause", "paused: traffic split frozen", actor)
+        return state
+
+    def resume(self, actor: str) -> RolloutState:
+        state = self._require(("paused",), "resume")
+        state.status = "running"
+        state.step_started = self.clock()  # the step's clock restarts: time paused is not evidence
+        self._record("resume", "resumed", actor)
+        return state
+
+    def set_weight(self, weight: float, actor: str) -> RolloutState:
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"weight={weight} must lie in [0, 1], e.g. 0.1 for 10% to the challenger")
+        state = self._require(("running", "paused"), "set the weight of")
+        state.weight = weight
+        self._record("set_weight", f"weight set to {weight:.0%} by hand", actor)
+        return state
+
+    def promote(self, actor: str, reason: str = "promoted by hand") -> RolloutState:
+        self._require(("running", "paused"), "promote")
+        return self._apply("promote", reason, actor)
+
+    def rollback(self, actor: str, reason: str = "rolled back by hand") -> RolloutState:
+        self._require(("running", "paused"), "roll back")
+        return self._apply("rollback", reason, actor)
+
+    # -- applying decisions -------------------------------------------------------------------------
+    def _apply(self, action: str, reason: str, actor: str, decision: Decision | None = None) -> RolloutState:
+        state = self.state
+        assert state is not None
+        evidence = _evidence(decision)
+        if action == "advance":
+            assert decision is not None
+            state.step, state.weight, state.step_started = decision.step, decision.weight, self.clock()
+        elif action == "promote":
+            self._promote_in_mlflow(state, reason, evidence)
+            state.status, state.weight = "promoted", 1.0
+        elif action == "rollback":
+            self._rollback_in_mlflow(state, reason, evidence)
+            state.status, state.weight = "rolled_back", 0.0
+        self._record(action, reason, actor, evidence)
+        return state
+
+    def _promote_in_mlflow(self, state: RolloutState, reason: str, evidence: dict[str, Any]) -> None:
+        name, version = state.registered_model, state.challenger
+        previous = alias_version(self.client, name, "champion")
+        self.client.set_registered_model_alias(name, "champion", version)
+        if alias_version(self.client, name, "challenger") == version:
+            self.client.delete_registered_model_alias(name, "challenger")
+        self._tag(version, {"rollout.status": "promoted", "rollout.reason": reason,
+                            "rollout.replaced": previous or ""} | _tags(evidence))
+        if previous is not None and previous != version:
+            self._tag(previous, {"rollout.superseded_by": version, "rollout.id": state.rollout_id})
+
+    def _rollback_in_mlflow(self, state: RolloutState, reason: str, evidence: dict[str, Any]) -> None:
+        name, version = state.registered_model, state.challenger
+        if alias_version(self.client, name, "challenger") == version:
+            self.client.delete_registered_model_alias(name, "challenger")
+        if state.champion is not None and alias_version(self.client, name, "champion") != state.champion:
+            self.client.set_registered_model_alias(name, "champion", state.champion)  # restore it
+        self._tag(version, {"rollout.status": "rolled_back", "rollout.reason": reason} | _tags(evidence))
+
+    def _tag(self, version: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_model_version_tag(self.registered_model, version, key, value[:5000])
+
+    def _record(self, action: str, reason: str, actor: str, evidence: dict[str, Any] | None = None) -> None:
+        state = self.state
+        assert state is not None
+        entry = {"at": self.clock(), "rollout_id": state.rollout_id, "version": state.challenger,
+                 "action": action, "reason": reason, "actor": actor, "status": state.status,
+                 "step": state.step, "weight": state.weight, "evidence": evidence or {}}
+        state.history.append(entry)
+        self.store.save(state)  # the state first: a crash before the audit line repeats no decision
+        self.store.audit(entry)
+        log.info("rollout %s: %s (%s) by %s", state.rollout_id, action, reason, actor,
+                 extra={"event": "rollout", **{k: v for k, v in entry.items() if k != "evidence"}})
+
+    def _require(self, statuses: tuple[str, ...], verb: str) -> RolloutState:
+        if self.state is None or self.state.status not in statuses:
+            status = self.state.status if self.state else "no rollout"
+            raise RolloutConflict(f"cannot {verb} a rollout that is {status}")
+        return self.state
+
+
+def _evidence(decision: Decision | None) -> dict[str, Any]:
+    if decision is None:
+        return {}
+    c = decision.comparison
+    return {"difference": c.difference, "lower": c.lower, "upper": c.upper, "p_value": c.p_value,
+            "challenger_n": c.challenger_n, "champion_n": c.champion_n}
+
+
+def _tags(evidence: dict[str, Any]) -> dict[str, str]:
+    return {f"rollout.evidence.{key}": f"{value:.6g}" if isinstance(value, float) else str(value)
+            for key, value in evidence.items()}

@@ -1,0 +1,117 @@
+"""The rollout controller against a real MLflow store: promotion moves `champion`, a rollback drops
+`challenger`, every decision is tagged and audited, and the state survives a restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from online_rl.config import Settings
+from online_rl.rollout import (
+    ArmStats,
+    Evidence,
+    RolloutConflict,
+    RolloutController,
+    RolloutPlan,
+    RolloutStore,
+)
+
+PLAN = RolloutPlan(steps=(0.05, 0.5, 1.0), min_samples=100, max_step_s=600)
+
+
+def _arm(n: int, mean: float) -> ArmStats:
+    ones = round(n * mean)
+    return ArmStats(n=n, total=float(ones), total_sq=float(ones))
+
+
+GOOD = Evidence(_arm(2000, 0.65), _arm(2000, 0.5))
+BAD = Evidence(_arm(1500, 0.3), _arm(2000, 0.5))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def client(local_settings: Settings, tmp_path: Path) -> Any:
+    from online_rl.tracking import mlflow_client
+
+    client = mlflow_client(local_settings)
+    client.create_registered_model("policy")
+    for version in ("1", "2", "3"):
+        folder = tmp_path / f"adapter-{version}"
+        folder.mkdir()
+        assert str(client.create_model_version("policy", source=str(folder)).version) == version
+    client.set_registered_model_alias("policy", "champion", "1")
+    client.set_registered_model_alias("policy", "challenger", "2")
+    return client
+
+
+def test_a_good_challenger_walks_the_plan_to_promotion(client: Any, tmp_path: Path) -> None:
+    clock, store = Clock(), RolloutStore(tmp_path / "rollout")
+    controller = RolloutController(client, "policy", PLAN, store, clock)
+    state = controller.start()
+    assert (state.challenger, state.champion, state.weight) == ("2", "1", 0.05)
+    assert controller.observe(Evidence(_arm(10, 0.7), _arm(200, 0.5))).action == "hold"  # type: ignore[union-attr]
+    actions = [controller.observe(GOOD).action for _ in range(3)]  # type: ignore[union-attr]
+    assert actions == ["advance", "advance", "promote"]
+    assert str(client.get_model_version_by_alias("policy", "champion").version) == "2"
+    with pytest.raises(Exception, match="challenger"):
+        client.get_model_version_by_alias("policy", "challenger")
+    tags = client.get_model_version("policy", "2").tags
+    assert tags["rollout.status"] == "promoted" and tags["rollout.replaced"] == "1"
+    assert float(tags["rollout.evidence.lower"]) > -0.02
+    assert client.get_model_version("policy", "1").tags["rollout.superseded_by"] == "2"  # still loadable
+    assert [e["action"] for e in store.entries()] == ["start", "advance", "advance", "promote"]
+    assert all(e["evidence"]["challenger_n"] == 2000 for e in store.entries()[1:])
+    # a restarted controller finds the finished rollout, and may start the next one
+    again = RolloutController(client, "policy", PLAN, store, clock)
+    assert again.state is not None and again.state.status == "promoted" and again.state.weight == 1.0
+
+
+def test_a_worse_challenger_is_rolled_back_and_the_champion_kept(client: Any, tmp_path: Path) -> None:
+    clock, store = Clock(), RolloutStore(tmp_path / "rollout")
+    controller = RolloutController(client, "policy", PLAN, store, clock)
+    controller.start("2")
+    decision = controller.observe(BAD)
+    assert decision is not None and decision.action == "rollback" and "challenger worse" in decision.reason
+    state = controller.state
+    assert state is not None and (state.status, state.weight) == ("rolled_back", 0)
+    assert str(client.get_model_version_by_alias("policy", "champion").version) == "1"
+    with pytest.raises(Exception, match="challenger"):
+        client.get_model_version_by_alias("policy", "challenger")
+    tags = client.get_model_version("policy", "2").tags
+    assert tags["rollout.status"] == "rolled_back" and "challenger worse" in tags["rollout.reason"]
+
+
+def test_people_pause_resume_and_decide_and_the_state_survives_a_restart(client: Any, tmp_path: Path) -> None:
+    clock, store = Clock(), RolloutStore(tmp_path / "rollout")
+    controller = RolloutController(client, "policy", PLAN, store, clock)
+    controller.start()
+    with pytest.raises(RolloutConflict, match="promote or roll it back first"):
+        controller.start("3")
+    controller.pause("api:alice")
+    assert controller.observe(GOOD) is None  # paused: the plan does not act
+    clock.now += 900  # longer than a step may last, but paused time is not evidence
+    restarted = RolloutController(client, "policy", PLAN, store, clock)  # e.g. the gateway restarted
+    assert restarted.state is not None and restarted.state.status == "paused"
+    restarted.resume("api:alice")
+    assert restarted.observe(Evidence(_arm(10, 0.5), _arm(10, 0.5))).action == "hold"  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"weight=1.5 must lie in \[0, 1\]"):
+        restarted.set_weight(1.5, "api:alice")
+    restarted.set_weight(0.3, "api:alice")
+    restarted.promote("api:bob", "looked good on the dashboard")
+    assert str(client.get_model_version_by_alias("policy", "champion").version) == "2"
+    with pytest.raises(RolloutConflict, match="cannot roll back a rollout that is promoted"):
+        restarted.rollback("api:bob")
+    entries = store.entries()
+    assert [(e["action"], e["actor"]) for e in entries] == [
+        ("start", "controller"), ("pause", "api:alice"), ("resume", "api:alice"),
+        ("set_weight", "api:alice"), ("promote", "api:bob")]
+    assert entries[-1]["reason"] == "looked good on the dashboard"
