@@ -8,6 +8,7 @@ them.
 from online_rl.rollout.controller import RolloutConflict, RolloutController, RolloutState, RolloutStore
 from online_rl.rollout.offpolicy import OffPolicyEstimate, snips
 from online_rl.rollout.plan import ArmHealth, Decision, Evidence, Guardrails, RolloutPlan, decide
+from online_rl.rollout.rewards import RewardPoint, RewardTally
 from online_rl.rollout.sequential import ArmStats, Comparison, compare
 from online_rl.rollout.split import BUCKETS, Arm, arm_for, bucket
 
@@ -21,6 +22,8 @@ __all__ = [
     "Evidence",
     "Guardrails",
     "OffPolicyEstimate",
+    "RewardPoint",
+    "RewardTally",
     "RolloutConflict",
     "RolloutController",
     "RolloutPlan",
