@@ -9,6 +9,7 @@ from online_rl.rollout.controller import RolloutConflict, RolloutController, Rol
 from online_rl.rollout.offpolicy import OffPolicyEstimate, snips
 from online_rl.rollout.plan import ArmHealth, Decision, Evidence, Guardrails, RolloutPlan, decide
 from online_rl.rollout.rewards import RewardPoint, RewardTally
+from online_rl.rollout.routing import Route, route_request
 from online_rl.rollout.sequential import ArmStats, Comparison, compare
 from online_rl.rollout.split import BUCKETS, Arm, arm_for, bucket
 
@@ -29,9 +30,11 @@ __all__ = [
     "RolloutPlan",
     "RolloutState",
     "RolloutStore",
+    "Route",
     "arm_for",
     "bucket",
     "compare",
     "decide",
+    "route_request",
     "snips",
 ]

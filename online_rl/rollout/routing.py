@@ -1,0 +1,50 @@
+"""Which serving name answers a request: the gateway's one decision per request.
+
+From the rollout state (or none), the user and an optional override header: during an active
+rollout the user's sticky bucket picks champion or challenger by the current weight; after a
+promotion everyone gets the new champion, after a rollback the old one; a tester can force an arm
+(`champion`, `challenger`) or an exact serving name that the rollout knows. Pure: the gateway turns
+the answer into the upstream request's `model` and names it in the response.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from online_rl.registry import serving_name
+from online_rl.rollout.controller import RolloutState
+from online_rl.rollout.split import Arm, arm_for
+
+__all__ = ["Route", "route_request"]
+
+
+@dataclass(frozen=True)
+class Route:
+    arm: Arm
+    model: str  # the serving name to ask the inference replica for
+    forced: bool  # chosen by the override header, not by the split
+
+
+def route_request(state: RolloutState | None, base_model: str, user_id: str,
+                  override: str | None = None) -> Route:
+    """The route for one request (`base_model` serves when no version is champion yet)."""
+    if state is None:
+        return Route("champion", base_model, False)
+    name = state.registered_model
+    champion = serving_name(name, state.champion) if state.champion is not None else base_model
+    challenger = serving_name(name, state.challenger)
+    if state.status == "promoted":
+        champion = challenger
+    names: dict[str, Arm] = {champion: "champion", challenger: "challenger"}
+    if override:
+        if override in ("champion", "challenger"):
+            arm: Arm = "champion" if override == "champion" else "challenger"
+            return Route(arm, champion if arm == "champion" else challenger, True)
+        if override not in names:
+            raise ValueError(f"X-ORL-Version={override!r} is neither champion, challenger, {champion!r} "
+                             f"nor {challenger!r}")
+        return Route(names[override], override, True)
+    if not state.active:
+        return Route("champion", champion, False)
+    arm = arm_for(state.rollout_id, user_id, state.weight)
+    return Route(arm, challenger if arm == "challenger" else champion, False)
