@@ -90,6 +90,8 @@ def _settings(base: Settings, bootstrap: str, workers: int, publish_every: int, 
 
 
 def measure(base: Settings, bootstrap: str, workers: int, args: argparse.Namespace) -> dict[str, float]:
+    import mlflow
+
     from online_rl.registry import read_lineage
     from online_rl.tracking import mlflow_client
     from online_rl.trainer import Trainer
@@ -140,8 +142,6 @@ def measure(base: Settings, bootstrap: str, workers: int, args: argparse.Namespa
         windows: list[tuple[float, dict[str, list[int]]]] = []
         for published in trainer.published:
             version = client.get_model_version(settings.mlflow.registered_model, published.version)
-            import mlflow
-
             folder = mlflow.artifacts.download_artifacts(
                 f"models:/{settings.mlflow.registered_model}/{published.version}",
                 dst_path=str(Path(tmp) / f"v{published.version}"))

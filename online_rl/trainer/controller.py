@@ -5,9 +5,9 @@ Ray actors (`WorkerGroup` of `PolicyWorker`s). One MLflow run covers the trainer
 resolved config as params, a metric row per step). Exactly-once effect: a batch's offsets are
 committed to the bus only after the checkpoint that includes its update is durable, and a restart
 resumes from the newest readable checkpoint at *its* offsets. Samples the trainer can never use go
-to the dead-letter topic with the reason. Publishing (every N samples or T seconds) seals the
-adapter with its lineage, logs it to the run, registers it as a new version and points the
-`challenger` alias at it.
+to the dead-letter topic with the reason. Publishing (every N samples, every T seconds, or when the
+held-out evaluation gains enough) seals the adapter with its lineage, logs it to the run, registers
+it as a new version and points the `challenger` alias at it.
 
 `online-rl trainer` adds Prometheus metrics and SIGTERM handling around this class.
 """

@@ -8,18 +8,14 @@ from pathlib import Path
 import pytest
 
 from online_rl.errors import ConfigError
-from online_rl.events import Completion, TrainingSample
+from online_rl.events import TrainingSample
 from online_rl.trainer.samples import load_cold_start, route
 from tests.conftest import TINY_NAME
-from tests.trainer.test_trainer import _pair
+from tests.trainer.test_trainer import _pair, _single
 
 
 def _thumb(i: int, up: bool, model: str = TINY_NAME) -> TrainingSample:
-    fields = _pair(i, random.Random(i), model).model_dump(exclude={"chosen", "rejected"})
-    completion = Completion(request_id=f"t{i}", text="-", token_ids=[5, 6, 7], logprobs=[-1.0] * 3)
-    return TrainingSample.model_validate(fields | {
-        "kind": "single", "completion": completion, "label": up, "reward": 1.0 if up else 0.0,
-        "feedback_kind": "thumbs", "behaviour_versions": [None]})
+    return _single(_pair(i, random.Random(i), model), [5, 6, 7], 1.0 if up else 0.0, "thumbs", [-1.0] * 3)
 
 
 def _write(path: Path, samples: list[TrainingSample], extra: str = "") -> Path:

@@ -283,15 +283,21 @@ def test_held_out_gains_trigger_publishing_and_the_champion_becomes_the_kl_ancho
     bus.close()
 
 
+def _single(pair: TrainingSample, token_ids: list[int], reward: float, kind: str,
+            logprobs: list[float] | None = None) -> TrainingSample:
+    """`pair`'s prompt and ids with one rated answer instead of its chosen/rejected pair."""
+    completion = Completion(request_id=f"a-{pair.sample_id}", text="-", token_ids=token_ids,
+                            logprobs=logprobs or [])
+    return TrainingSample.model_validate(pair.model_dump(exclude={"chosen", "rejected"}) | {
+        "kind": "single", "completion": completion, "reward": reward, "label": reward >= 0.5,
+        "feedback_kind": kind, "behaviour_versions": [None]})
+
+
 def _rating(i: int, rng: random.Random) -> TrainingSample:
     """A rated single answer: 5/5 when it ends with PREFERRED, 1/5 when it ends with AVOIDED."""
-    fields = _pair(i, rng).model_dump(exclude={"chosen", "rejected"})
     good = i % 2 == 0
-    ids = [PREFERRED if good else AVOIDED]  # one-token answers: the reward is all about that token
-    completion = Completion(request_id=f"a{i}", text="-", token_ids=ids, logprobs=[])
-    return TrainingSample.model_validate(fields | {
-        "kind": "single", "completion": completion, "reward": 1.0 if good else 0.0, "label": good,
-        "feedback_kind": "rating", "behaviour_versions": [None]})
+    # one-token answers: the reward is all about that token
+    return _single(_pair(i, rng), [PREFERRED if good else AVOIDED], 1.0 if good else 0.0, "rating")
 
 
 def test_ratings_train_ppo_with_a_critic_and_the_version_learns(
