@@ -26,6 +26,18 @@ if [ "$device" = auto ]; then
 fi
 case "$device" in cpu|gpu) ;; *) die "ORL_DEVICE must be cpu, gpu or auto (got '$device')" ;; esac
 
+# Debian's Chromium for the rollout page's browser test (Playwright drives it; no browser download).
+if ! command -v chromium >/dev/null 2>&1 && [ "${ORL_SKIP_BROWSER:-0}" != 1 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing Debian's chromium (for the browser test)"
+    apt-get install -y -q chromium >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+      || say "warning: could not install chromium; the browser test will be skipped"
+  else
+    say "warning: no chromium (install Debian's chromium package); the browser test will be skipped"
+  fi
+fi
+
 key=$(cat "$root/pyproject.toml" "$root/requirements/lock-$device.txt" "$root/deploy/setup.sh" | sha256sum | cut -d' ' -f1)-$device
 stamp=$venv/.online-rl-setup
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && "$venv/bin/python" -c "import online_rl" 2>/dev/null; then

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -26,12 +26,14 @@ from online_rl.errors import ConfigError
 __all__ = [
     "BusConfig",
     "FeedbackApiConfig",
+    "GatewayConfig",
     "InferenceConfig",
     "JoinSettings",
     "KafkaConfig",
     "MlflowConfig",
     "ModelConfig",
     "RayConfig",
+    "RolloutConfig",
     "Settings",
     "TrainerConfig",
     "default_cache_dir",
@@ -295,6 +297,78 @@ class TrainerConfig(BaseModel):
         return self
 
 
+class RolloutConfig(BaseModel):
+    """The canary rollout plan the gateway's controller runs (online_rl/rollout)."""
+
+    steps: list[float] = Field(
+        default_factory=lambda: [0.05, 0.25, 0.5, 1.0], min_length=1,
+        description="Challenger traffic weights, increasing, in (0, 1]; promotion follows the last.",
+    )
+    min_samples: int = Field(default=200, ge=1, description="Rewards per version before a step may pass.")
+    margin: float = Field(default=0.02, ge=0, le=1, description="'No worse than' tolerance, 0-1 reward.")
+    max_step_s: float = Field(default=3600.0, gt=0, description="A step without a verdict ends after this.")
+    on_timeout: Literal["rollback", "advance"] = Field(default="rollback", description="...then this.")
+    alpha: float = Field(default=0.05, gt=0, lt=1, description="Error level of the always-valid comparison.")
+    tau: float = Field(default=0.1, gt=0, description="Mixture scale: the reward difference worth detecting.")
+    max_error_rate_increase: float = Field(default=0.01, ge=0, le=1, description="Guardrail vs the champion.")
+    max_p99_latency_ratio: float = Field(default=1.5, gt=0, description="Guardrail: challenger/champion p99.")
+    max_kl: float | None = Field(default=None, gt=0, description="Guardrail on the KL to the champion.")
+    guardrail_min_requests: int = Field(
+        default=50, ge=1, description="Requests per version before error rate and latency are judged."
+    )
+    auto_start: bool = Field(
+        default=True, description="Start a rollout when MLflow's `challenger` alias names a new version."
+    )
+    interval_s: float = Field(default=5.0, gt=0, le=3600, description="Seconds between two analyses.")
+    reward_bucket_s: float = Field(default=60.0, gt=0, description="Time bucket of reward per version.")
+    state_dir: Path | None = Field(
+        default=None, description="Rollout state and audit log. Empty means <cache_dir>/rollout."
+    )
+    offpolicy_gate: bool = Field(
+        default=False,
+        description="Before any exposure, estimate the challenger's reward from the champion's logged "
+        "traffic (self-normalised importance sampling) and roll back if it falls short.",
+    )
+    offpolicy_min_samples: int = Field(default=50, ge=1, description="Logged answers the gate needs.")
+    offpolicy_margin: float = Field(default=0.05, ge=0, le=1, description="Allowed estimated reward drop.")
+    offpolicy_min_ess: float = Field(default=10.0, gt=0, description="Effective samples to trust the gate.")
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, steps: list[float]) -> list[float]:
+        if any(not 0 < w <= 1 for w in steps) or steps != sorted(set(steps)):
+            raise ValueError(f"{steps} must be increasing weights in (0, 1], e.g. [0.05, 0.25, 0.5, 1.0]")
+        return steps
+
+
+class GatewayConfig(BaseModel):
+    """The canary gateway (services/gateway): routes requests to replicas and runs the rollout."""
+
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8080, ge=1, le=65535)
+    replicas: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8081"], min_length=1,
+        description="Base URLs of the inference replicas.",
+    )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="SHA-256 hashes of API keys, optionally with scopes: 'inference' to send requests, "
+        "'admin' to control rollouts.",
+    )
+    api_keys_file: Path | None = Field(default=None, description="A file of such entries, one per line.")
+    upstream_api_key: SecretStr | None = Field(
+        default=None,
+        description="The raw key the gateway presents to the replicas (scopes 'inference' and 'admin').",
+    )
+    connect_timeout_s: float = Field(default=2.0, gt=0, description="Connecting to a replica.")
+    read_timeout_s: float = Field(default=300.0, gt=0, description="Waiting for a replica's next bytes.")
+    max_connections: int = Field(default=512, ge=1, description="Pooled connections to all replicas.")
+    replica_cooldown_s: float = Field(
+        default=5.0, ge=0, description="How long a replica that refused a connection is skipped."
+    )
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+
 _yaml_data: ContextVar[dict[str, Any] | None] = ContextVar("_yaml_data", default=None)
 
 
@@ -331,6 +405,7 @@ class Settings(BaseSettings):
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -360,6 +435,11 @@ class Settings(BaseSettings):
     def checkpoint_dir(self) -> Path:
         """Where the trainer's checkpoints live."""
         return self.trainer.checkpoint_dir or self.cache_dir / "trainer" / "checkpoints"
+
+    @property
+    def rollout_dir(self) -> Path:
+        """Where the rollout controller keeps its state and audit log."""
+        return self.gateway.rollout.state_dir or self.cache_dir / "rollout"
 
     @property
     def adapters_dir(self) -> Path:

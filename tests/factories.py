@@ -102,3 +102,53 @@ def lora_adapter(base_dir: Path, out_dir: Path, base_model: str, seed: int = 0, 
     if seal:
         write_lineage(out_dir, base_model)
     return out_dir
+
+
+STEER_CHANNEL = 0  # the hidden channel a steerable model holds constant
+
+
+def steerable_llama(base_dir: Path, out_dir: Path) -> Path:
+    """A copy of the tiny Llama in `base_dir` whose hidden channel `STEER_CHANNEL` is the same large
+    positive value at every position (set in the embeddings, never written by a layer), so a rank-1
+    LoRA on `lm_head` reading that channel adds a fixed amount to chosen tokens' logits: adapters
+    whose effect on the text is known by construction."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[:, STEER_CHANNEL] = 0.5
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[STEER_CHANNEL].zero_()
+            layer.mlp.down_proj.weight[STEER_CHANNEL].zero_()
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (base_dir / name).is_file():
+            shutil.copy(base_dir / name, out_dir / name)
+    return out_dir
+
+
+def steering_adapter(out_dir: Path, base_model: str, hidden_size: int, vocab_size: int, token_id: int,
+                     strength: float = 4.0) -> Path:
+    """A sealed rank-1 LoRA on `lm_head` of a `steerable_llama` that raises `token_id`'s logit."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from online_rl.registry import write_lineage
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    a = torch.zeros(1, hidden_size)
+    a[0, STEER_CHANNEL] = 1.0
+    b = torch.zeros(vocab_size, 1)
+    b[token_id, 0] = strength
+    save_file({"base_model.model.lm_head.lora_A.weight": a, "base_model.model.lm_head.lora_B.weight": b},
+              str(out_dir / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 1, "lora_alpha": 1, "lora_dropout": 0.0,
+              "target_modules": ["lm_head"], "bias": "none", "base_model_name_or_path": base_model}
+    (out_dir / "adapter_config.json").write_text(json.dumps(config))
+    write_lineage(out_dir, base_model)
+    return out_dir

@@ -3,19 +3,30 @@
 Nothing here knows about HTTP; the services turn these results into status codes.
 """
 
-from online_rl.ingest.auth import ApiKeyStore, KeyInfo, hash_key, new_key
+from online_rl.ingest.auth import (
+    ApiKeyStore,
+    Forbidden,
+    KeyInfo,
+    Unauthenticated,
+    authorize,
+    hash_key,
+    new_key,
+)
 from online_rl.ingest.limits import OverLimit, RateLimited, TokenBuckets, UserCaps
 from online_rl.ingest.writer import AsyncBusWriter, RecentIds
 
 __all__ = [
     "ApiKeyStore",
     "AsyncBusWriter",
+    "Forbidden",
     "KeyInfo",
     "OverLimit",
     "RateLimited",
     "RecentIds",
     "TokenBuckets",
+    "Unauthenticated",
     "UserCaps",
+    "authorize",
     "hash_key",
     "new_key",
 ]

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from online_rl.errors import ConfigError
+from online_rl.errors import ConfigError, OnlineRLError
 
-__all__ = ["ApiKeyStore", "KeyInfo", "hash_key", "new_key"]
+__all__ = ["ApiKeyStore", "Forbidden", "KeyInfo", "Unauthenticated", "authorize", "hash_key", "new_key"]
 
 _ALL = "*"
 
@@ -79,3 +79,28 @@ class ApiKeyStore:
             return None
         # A lookup by digest: what is compared is a hash, so its timing tells nothing about the key.
         return self._keys.get(hash_key(raw))
+
+
+class Unauthenticated(OnlineRLError):
+    """No key, or a key that is not known (HTTP 401)."""
+
+
+class Forbidden(OnlineRLError):
+    """A known key without the scope the call needs (HTTP 403)."""
+
+
+def authorize(keys: ApiKeyStore, authorization: str | None, scope: str) -> KeyInfo:
+    """Check an `Authorization: Bearer <key>` header for `scope`. `admin` is never implied: a key
+    made without scopes may call everything but the admin routes."""
+    bearer = authorization and authorization.lower().startswith("bearer ")
+    raw = authorization[7:].strip() if bearer and authorization else None
+    key = keys.verify(raw)
+    if key is None:
+        raise Unauthenticated("missing or unknown API key; send `Authorization: Bearer <key>` with a key "
+                              "made by `online-rl keys new` (the openai client sends its api_key this way)")
+    allowed = scope in key.scopes if scope == "admin" else key.allows(scope)
+    if not allowed:
+        hint = "" if scope == "admin" else " (or no scopes)"
+        raise Forbidden(f"this API key lacks the '{scope}' scope; use a key whose entry lists "
+                        f"'{scope}'{hint}")
+    return key

@@ -31,6 +31,7 @@ class Guardrails:
     max_error_rate_increase: float = 0.01  # challenger error rate minus champion's
     max_p99_latency_ratio: float = 1.5  # challenger p99 / champion p99
     max_kl: float | None = None  # mean KL(challenger || champion) per response, when measured
+    min_requests: int = 50  # per arm before error rate and latency are judged (few requests are noise)
 
 
 @dataclass(frozen=True)
@@ -86,15 +87,17 @@ class Decision:
 
 def _guardrail(plan: RolloutPlan, evidence: Evidence) -> str | None:
     g, ch, cp = plan.guardrails, evidence.challenger_health, evidence.champion_health
-    if ch.requests and ch.error_rate - cp.error_rate > g.max_error_rate_increase:
+    if g.max_kl is not None and evidence.kl is not None and evidence.kl > g.max_kl:
+        return f"KL to the champion {evidence.kl:.3f} above {g.max_kl}"
+    if min(ch.requests, cp.requests) < g.min_requests:
+        return None
+    if ch.error_rate - cp.error_rate > g.max_error_rate_increase:
         return (f"error rate {ch.error_rate:.3f} vs champion {cp.error_rate:.3f} "
                 f"(allowed +{g.max_error_rate_increase})")
     limit = g.max_p99_latency_ratio * (cp.p99_latency_s or 0.0)
     if ch.p99_latency_s and cp.p99_latency_s and ch.p99_latency_s > limit:
         return (f"p99 latency {ch.p99_latency_s:.3f}s vs champion {cp.p99_latency_s:.3f}s "
                 f"(allowed x{g.max_p99_latency_ratio})")
-    if g.max_kl is not None and evidence.kl is not None and evidence.kl > g.max_kl:
-        return f"KL to the champion {evidence.kl:.3f} above {g.max_kl}"
     return None
 
 

@@ -26,10 +26,17 @@ class Route:
 
 
 def route_request(state: RolloutState | None, base_model: str, user_id: str,
-                  override: str | None = None) -> Route:
-    """The route for one request (`base_model` serves when no version is champion yet)."""
-    if state is None:
-        return Route("champion", base_model, False)
+                  override: str | None = None, current_champion: str | None = None) -> Route:
+    """The route for one request (`base_model` serves when no version is champion yet).
+
+    `current_champion`: the serving name MLflow's `champion` alias names now; outside a rollout it
+    wins over what the last rollout left (an operator may have moved the alias since)."""
+    if state is None or (not state.active and current_champion is not None):
+        champion_now = current_champion or base_model
+        if override and override not in ("champion", champion_now):
+            raise ValueError(f"X-ORL-Version={override!r}: no rollout is running, only 'champion' "
+                             f"({champion_now!r}) serves")
+        return Route("champion", champion_now, bool(override))
     name = state.registered_model
     champion = serving_name(name, state.champion) if state.champion is not None else base_model
     challenger = serving_name(name, state.challenger)

@@ -18,6 +18,7 @@ import logging
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -230,12 +231,16 @@ class AdapterManager:
         return self._download(f"models:/{match['name']}/{version}", serving_name), serving_name
 
     def _private_copy(self, folder: Path, name: str) -> Path:
-        dest = self._download_dir / "local" / name
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest = self._unique(self._download_dir / "local" / name)
         shutil.copytree(folder, dest, symlinks=False)
         return dest
+
+    @staticmethod
+    def _unique(parent: Path) -> Path:
+        """A fresh folder path under `parent`: replicas sharing a cache folder (several on one
+        machine) never download into, or delete, each other's copies."""
+        parent.mkdir(parents=True, exist_ok=True)
+        return parent / uuid.uuid4().hex[:12]
 
     def _alias_version(self, registered: str, alias: str) -> str:
         from mlflow import MlflowClient
@@ -250,10 +255,8 @@ class AdapterManager:
         import mlflow.artifacts
         from mlflow.exceptions import MlflowException
 
-        dest = self._download_dir / serving_name
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.mkdir(parents=True)
+        dest = self._unique(self._download_dir / serving_name)
+        dest.mkdir()
         try:
             got = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(dest),
                                                            tracking_uri=self._tracking_uri))

@@ -42,8 +42,11 @@ def test_guardrails_roll_back_whatever_the_reward_says() -> None:
     good = (_arm(2000, 0.7), _arm(2000, 0.5))
     errors = Evidence(*good, challenger_health=ArmHealth(1000, 50), champion_health=ArmHealth(1000, 5))
     assert "error rate 0.050" in decide(PLAN, 0, 0, 10, errors).reason
-    slow = Evidence(*good, challenger_health=ArmHealth(10, 0, 2.0), champion_health=ArmHealth(10, 0, 1.0))
+    slow = Evidence(*good, challenger_health=ArmHealth(60, 0, 2.0), champion_health=ArmHealth(60, 0, 1.0))
     assert "p99 latency" in decide(PLAN, 0, 0, 10, slow).reason
+    # Too few requests to judge latency or errors: a few slow or failed answers are noise.
+    early = Evidence(*good, challenger_health=ArmHealth(10, 3, 2.0), champion_health=ArmHealth(10, 0, 1.0))
+    assert decide(PLAN, 0, 0, 10, early).action != "rollback"
     kl_plan = RolloutPlan(steps=(0.1, 1.0), guardrails=Guardrails(max_kl=0.5))
     assert "KL to the champion" in decide(kl_plan, 0, 0, 10, Evidence(*good, kl=0.9)).reason
 

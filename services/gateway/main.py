@@ -1,0 +1,74 @@
+"""The gateway app: `create_app(settings)` builds it; `python -m services.gateway` serves it.
+
+A thin layer over `online_rl.rollout`: the HTTP pass-through, the control API and the page here;
+routing, the replicas and the rollout controller's loop in the library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from online_rl import __version__
+from online_rl.bus import Bus, Topics, ensure_topics, open_bus
+from online_rl.config import Settings
+from online_rl.errors import ConfigError
+from online_rl.ingest import ApiKeyStore
+from online_rl.rollout.loop import Gate, RolloutLoop
+from online_rl.rollout.replicas import ReplicaPool
+from online_rl.tracking import mlflow_client
+from services.gateway.errors import install_error_handlers
+from services.gateway.routes import health, page, proxy, rollout
+from services.gateway.service import GatewayService
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = None) -> FastAPI:
+    """The gateway over `settings.gateway.replicas`, reading joined samples from `bus` (default: the
+    configured bus) and running the rollout controller against the configured MLflow store."""
+    api = settings.gateway
+    if len(ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)) == 0:
+        raise ConfigError("gateway.api_keys is empty, so every request would be refused; create a key with "
+                          "`online-rl keys new` and set its hash in gateway.api_keys (or api_keys_file)")
+    if api.upstream_api_key is None:
+        raise ConfigError("gateway.upstream_api_key is empty: set the raw key (scopes inference,admin) the "
+                          "gateway presents to the replicas, e.g. ORL_GATEWAY__UPSTREAM_API_KEY")
+    own_bus = bus is None
+    service_bus = bus or open_bus(settings)
+    ensure_topics(service_bus, settings.bus.partitions, Topics(settings.bus.topic_prefix))
+    pool = ReplicaPool(api.replicas, api.upstream_api_key.get_secret_value(), api.connect_timeout_s,
+                       api.read_timeout_s, api.max_connections, api.replica_cooldown_s)
+    loop = RolloutLoop(settings, pool, service_bus, mlflow_client(settings), gate=gate)
+    service = GatewayService(settings, pool, loop)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop.start_feed()
+        task = asyncio.create_task(loop.run(), name="orl-rollout-loop")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(loop.stop_feed)
+        await pool.close()
+        if own_bus:
+            service_bus.close()
+
+    app = FastAPI(
+        title="online-rl gateway",
+        version=__version__,
+        description="The canary gateway: OpenAI-compatible completions routed to the champion or the "
+        "challenger version (sticky per user), and the rollout control API. Authenticate with "
+        "`Authorization: Bearer <API key>` (scope `inference`; `admin` for /rollout).",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    install_error_handlers(app)
+    for module in (proxy, rollout, page, health):
+        app.include_router(module.router)
+    return app

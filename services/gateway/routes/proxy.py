@@ -1,0 +1,134 @@
+"""The OpenAI-compatible pass-through: POST /v1/chat/completions, /v1/completions; GET /v1/models.
+
+For each request the rollout picks the version (sticky per user; `X-ORL-Version` forces one for
+testing), the body's `model` is set to that version's serving name and `user` to the user id (so
+the replica's logged interaction names both), and the request is relayed — streamed answers byte
+for byte. The answer names the version in `X-ORL-Version` (and the replica's body field `model`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import httpx
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import StreamingResponse
+
+from online_rl.ingest import KeyInfo
+from online_rl.rollout import Route
+from services.gateway.deps import CallerDep, ServiceDep
+from services.gateway.errors import ApiError
+from services.gateway.service import GatewayService
+
+__all__ = ["router"]
+
+logger = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1", tags=["completions"])
+_RELAYED = ("x-request-id", "x-model-version")
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request, service: ServiceDep, caller: CallerDep,
+                           x_orl_version: Annotated[str | None, Header()] = None,
+                           x_orl_user: Annotated[str | None, Header()] = None) -> Response:
+    """Answer a chat with the version the rollout assigns to the user (`user` field, else the
+    `X-ORL-User` header, else the API key). `X-ORL-Version: champion|challenger|<name>` forces one."""
+    return await _relay(service, request, "/v1/chat/completions", caller, x_orl_version, x_orl_user)
+
+
+@router.post("/completions")
+async def completions(request: Request, service: ServiceDep, caller: CallerDep,
+                      x_orl_version: Annotated[str | None, Header()] = None,
+                      x_orl_user: Annotated[str | None, Header()] = None) -> Response:
+    """Continue a raw prompt with the version the rollout assigns to the user."""
+    return await _relay(service, request, "/v1/completions", caller, x_orl_version, x_orl_user)
+
+
+@router.get("/models")
+async def models(service: ServiceDep, caller: CallerDep) -> Response:
+    """The models a replica serves (base model, loaded versions, aliases)."""
+    upstream = await service.pool.send("GET", "/v1/models")
+    data = await upstream.response.aread()
+    await upstream.response.aclose()
+    return Response(data, status_code=upstream.response.status_code, media_type="application/json")
+
+
+def _body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_request_error", f"the body is not JSON ({exc}); send an OpenAI "
+                       "completion request as a JSON object") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_request_error", "the body must be a JSON object (an OpenAI request)")
+    return body
+
+
+def _route(service: GatewayService, body: dict[str, Any], caller: KeyInfo, override: str | None,
+           header_user: str | None) -> tuple[Route, str]:
+    user = body.get("user") or header_user or f"key-{caller.key_id}"
+    if not isinstance(user, str) or len(user) > 256:
+        raise ApiError(400, "invalid_request_error", "user must be a string of at most 256 characters "
+                       "(the id the traffic split is sticky on)", param="user")
+    try:
+        return service.loop.route(user, override), user
+    except ValueError as exc:
+        raise ApiError(400, "invalid_request_error", str(exc), param="X-ORL-Version") from exc
+
+
+async def _relay(service: GatewayService, request: Request, path: str, caller: KeyInfo,
+                 override: str | None, header_user: str | None) -> Response:
+    started = time.perf_counter()
+    body = _body(await request.body())
+    route, user = _route(service, body, caller, override, header_user)
+    body["model"], body["user"] = route.model, user
+    upstream = await service.pool.send("POST", path, json.dumps(body).encode(),
+                                       {"content-type": "application/json"})
+    if upstream.attempts > 1:
+        service.metrics.failovers.inc(upstream.attempts - 1)
+    response = upstream.response
+    headers = {"X-ORL-Version": route.model, "X-ORL-Arm": route.arm}
+    state = service.loop.controller.state
+    if state is not None and state.active:
+        headers["X-ORL-Rollout"] = state.rollout_id
+    headers |= {k: response.headers[k] for k in _RELAYED if k in response.headers}
+    streamed = response.status_code == 200 and response.headers.get("content-type", "").startswith(
+        "text/event-stream")
+    if not streamed:
+        data = await response.aread()
+        await response.aclose()
+        _done(service, route, started, response.status_code < 500)
+        return Response(data, status_code=response.status_code, headers=headers,
+                        media_type=response.headers.get("content-type", "application/json"))
+    return StreamingResponse(_stream(service, route, response, started), media_type="text/event-stream",
+                             headers=headers)
+
+
+async def _stream(service: GatewayService, route: Route, response: httpx.Response,
+                  started: float) -> AsyncIterator[bytes]:
+    ok = True
+    try:
+        async for chunk in response.aiter_raw():
+            if b'"error"' in chunk and b"data: {\"error\"" in chunk:
+                ok = False  # the replica reported a failure inside the stream
+            yield chunk
+    except httpx.HTTPError as exc:  # the replica went away mid-answer: too late to move the request
+        ok = False
+        logger.warning("stream from %s broke: %s", route.model, exc)
+        payload = {"error": {"message": "the replica stopped mid-answer; retry", "type": "server_error"}}
+        yield b"data: " + json.dumps(payload).encode() + b"\n\n"
+    finally:
+        await response.aclose()
+        _done(service, route, started, ok)
+
+
+def _done(service: GatewayService, route: Route, started: float, ok: bool) -> None:
+    elapsed = time.perf_counter() - started
+    loop = service.loop
+    loop.health.record(loop.key(route.model), elapsed, ok)
+    service.metrics.requests.labels(route.model, route.arm, "ok" if ok else "error").inc()
+    service.metrics.latency.labels(route.arm).observe(elapsed)

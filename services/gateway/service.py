@@ -1,0 +1,62 @@
+"""The gateway's state: API keys, the replica pool, the rollout loop and the metrics.
+
+Built once per app in `create_app`; routes reach it through `deps.ServiceDep`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from online_rl.config import Settings
+from online_rl.ingest import ApiKeyStore
+from online_rl.rollout.loop import RolloutLoop
+from online_rl.rollout.replicas import ReplicaPool
+
+__all__ = ["GatewayService", "Metrics"]
+
+
+class _Live(Collector):
+    """The rollout's weight and each replica's state, read at scrape time."""
+
+    def __init__(self, service: GatewayService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._service.loop.controller.state
+        weight = state.weight if state is not None and state.active else 0.0
+        yield GaugeMetricFamily("orl_rollout_challenger_weight", "Challenger share of traffic", value=weight)
+        down = GaugeMetricFamily("orl_gateway_replica_down", "1 while a replica is skipped",
+                                 labels=["replica"])
+        now = self._service.pool.clock()
+        for replica in self._service.pool.replicas:
+            down.add_metric([replica.url], float(replica.down_until > now))
+        yield down
+
+
+class Metrics:
+    def __init__(self, service: GatewayService) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("orl_gateway_requests", "Requests relayed", ["version", "arm", "outcome"],
+                                registry=self.registry)
+        self.latency = Histogram("orl_gateway_request_seconds", "Whole request time through the gateway",
+                                 ["arm"], registry=self.registry,
+                                 buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+        self.failovers = Counter("orl_gateway_failovers", "Requests moved to another replica",
+                                 registry=self.registry)
+        self.registry.register(_Live(service))
+
+
+class GatewayService:
+    """Everything a request needs."""
+
+    def __init__(self, settings: Settings, pool: ReplicaPool, loop: RolloutLoop) -> None:
+        api = settings.gateway
+        self.settings = settings
+        self.keys = ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)
+        self.pool = pool
+        self.loop = loop
+        self.metrics = Metrics(self)
