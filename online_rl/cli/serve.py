@@ -25,8 +25,8 @@ def keys_new(
     entry = f"{digest} {scopes}".strip()
     typer.echo(f"key:   {raw}")
     typer.echo(f"entry: {entry}")
-    typer.echo("Put the entry in feedback_api.api_keys or inference.api_keys (or an api_keys_file); "
-               "the key is not stored anywhere.", err=True)
+    typer.echo("Put the entry in feedback_api.api_keys, inference.api_keys or gateway.api_keys (or an "
+               "api_keys_file); the key is not stored anywhere.", err=True)
 
 
 @serve_app.command("feedback")
@@ -63,5 +63,22 @@ def serve_inference(
         settings = settings.model_copy(update={"inference": settings.inference.model_copy(
             update={"engine": engine})})
     api = settings.inference
+    uvicorn.run(create_app(settings), host=host or api.host, port=port or api.port,
+                log_level="warning", access_log=False)
+
+
+@serve_app.command("gateway")
+def serve_gateway(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option(help="Listen address (default: config).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: config).")] = None,
+) -> None:
+    """Serve the canary gateway (OpenAI pass-through + rollout control, page at /rollout/ui)."""
+    import uvicorn
+
+    from services.gateway.main import create_app
+
+    settings = load_settings(ctx.obj["config"])
+    api = settings.gateway
     uvicorn.run(create_app(settings), host=host or api.host, port=port or api.port,
                 log_level="warning", access_log=False)

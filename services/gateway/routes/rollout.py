@@ -47,9 +47,9 @@ async def series(service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
 
 
 @router.post("/start", status_code=201, responses={409: {"description": "A rollout is already running."}})
-async def start(body: StartIn, service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
+async def start(service: ServiceDep, admin: AdminDep, body: StartIn | None = None) -> dict[str, Any]:
     """Start a rollout of `version` (default: MLflow's `challenger`), loading it into every replica."""
-    state = await service.loop.control("start", _actor(admin), version=body.version)
+    state = await service.loop.control("start", _actor(admin), version=body.version if body else None)
     return _state(service, state)
 
 

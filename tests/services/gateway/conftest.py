@@ -19,7 +19,7 @@ from online_rl.bus import Bus, Topics, ensure_topics
 from online_rl.bus.kafka import KafkaBus
 from online_rl.config import Settings
 from online_rl.events import encode
-from online_rl.ingest import new_key
+from online_rl.ingest import hash_key, new_key
 from online_rl.registry import publish_adapter
 from online_rl.stream import JoinConfig, Joiner
 from online_rl.tracking import ensure_experiment, mlflow_client
@@ -50,6 +50,20 @@ class Stack:
     model_dir: Path
     root: Path
     published: list[str] = field(default_factory=list)
+    _gateway: ExitStack = field(default_factory=ExitStack)
+
+    def start_gateway(self) -> str:
+        self.url = self._gateway.enter_context(serve(gateway_app(self.settings, bus=self.bus)))
+        return self.url
+
+    def restart_gateway(self) -> str:
+        """Stop the gateway (its rollout loop too) and start a new one on the same state folder."""
+        self._gateway.close()
+        return self.start_gateway()
+
+    @property
+    def admin_key_id(self) -> str:
+        return hash_key(self.admin_key)[:8]
 
     def headers(self, admin: bool = False) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.admin_key if admin else self.key}"}
@@ -135,9 +149,11 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
             settings = settings.model_copy(update={"gateway": gateway})
             if joiner:
                 _start_joiner(stack, bus, topics)
-            url = stack.enter_context(serve(gateway_app(settings, bus=bus)))
-            return Stack(settings, url, replicas, bus, topics, keys["client"], keys["admin"],
+            made = Stack(settings, "", replicas, bus, topics, keys["client"], keys["admin"],
                          keys["upstream"], steerable_model, root)
+            made.start_gateway()
+            stack.callback(made._gateway.close)
+            return made
 
         yield make
 
