@@ -29,3 +29,7 @@ def configure_logging(level: int = logging.INFO, fmt: LogFormat = "text") -> Non
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    # httpx logs every request at INFO: a line per relayed request in the gateway, and time taken
+    # from serving. Their warnings still show.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

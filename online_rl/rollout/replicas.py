@@ -6,20 +6,21 @@ while nothing has come back to the client it may move to the next replica: on a 
 a timeout before the answer's headers, a 5xx answer, or a 404 `model_not_found` (a replica that
 restarted and has not reloaded the version yet). Once an answer starts it is the client's.
 
-Knows httpx and the inference service's wire contract (`/v1/...`, `/admin/adapters`); nothing about
+Knows aiohttp and the inference service's wire contract (`/v1/...`, `/admin/adapters`); nothing about
 FastAPI or rollouts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from online_rl.errors import OnlineRLError
 
@@ -45,26 +46,32 @@ class Replica:
 
 @dataclass
 class Upstream:
-    """An open answer from `replica`; the caller reads or streams `response`, then closes it."""
+    """An open answer from `replica`; the caller reads or streams `response`, then releases it."""
 
     replica: Replica
-    response: httpx.Response
+    response: aiohttp.ClientResponse
     attempts: int
+    body: bytes | None = None  # already read (an error answer read to decide on a retry)
 
 
-def _retryable(response: httpx.Response) -> bool:
-    if response.status_code >= 500:
-        return True
-    if response.status_code == 404:
+_FAILED = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
+
+
+async def _retryable(response: aiohttp.ClientResponse) -> tuple[bool, bytes | None]:
+    if response.status >= 500:
+        return True, await response.read()
+    if response.status == 404:  # small error bodies: read to tell a retryable one apart
+        body = await response.read()
         try:
-            return bool(response.json().get("error", {}).get("code") == "model_not_found")
+            return json.loads(body).get("error", {}).get("code") == "model_not_found", body
         except ValueError:
-            return False
-    return False
+            return False, body
+    return False, None
 
 
 class ReplicaPool:
-    """Connections to every replica, shared by all requests."""
+    """Connections to every replica, shared by all requests (aiohttp: about half httpx's cost per
+    relayed request, measured in bench/gateway.py's set-up)."""
 
     def __init__(self, urls: list[str], api_key: str | None, connect_timeout_s: float = 2.0,
                  read_timeout_s: float = 300.0, max_connections: int = 512, cooldown_s: float = 5.0,
@@ -73,16 +80,22 @@ class ReplicaPool:
             raise ValueError("gateway.replicas is empty: list the inference replicas' base URLs")
         self.replicas = [Replica(url.rstrip("/")) for url in urls]
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
         self.cooldown_s = cooldown_s
         self.clock = clock
         self._next = 0
 
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:  # made on the serving loop, at first use
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections), timeout=self._timeout)
+        return self._session
+
     async def close(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     def _order(self) -> list[Replica]:
         start = self._next % len(self.replicas)
@@ -99,43 +112,54 @@ class ReplicaPool:
     async def send(self, method: str, path: str, content: bytes | None = None,
                    headers: Mapping[str, str] | None = None) -> Upstream:
         """Open `method path` on a replica, moving to the next while nothing has come back."""
-        last: httpx.Response | None = None
-        attempts = 0
+        last: Upstream | None = None
         errors: list[str] = []
-        for replica in self._order():
-            attempts += 1
-            request = self.client.build_request(method, replica.url + path, content=content,
-                                                headers={**(headers or {}), **self._auth})
+        for attempt, replica in enumerate(self._order(), 1):
             try:
-                response = await self.client.send(request, stream=True)
-            except httpx.TransportError as exc:
+                response = await self._client().request(method, replica.url + path, data=content,
+                                                        headers={**(headers or {}), **self._auth})
+            except _FAILED as exc:
                 self._down(replica, f"{type(exc).__name__}: {exc}")
                 errors.append(f"{replica.url}: {type(exc).__name__}")
                 continue
-            if response.status_code >= 500 or response.status_code == 404:
-                await response.aread()  # small error bodies: read to tell a retryable one apart
-            if not _retryable(response):
+            try:
+                retry, body = await _retryable(response)
+            except _FAILED as exc:  # the error answer broke off: as good as no answer
+                response.release()
+                self._down(replica, f"{type(exc).__name__}: {exc}")
+                continue
+            if not retry:
                 replica.down_until = 0.0
-                return Upstream(replica, response, attempts)
-            await response.aclose()
-            if response.status_code >= 500:
-                self._down(replica, f"HTTP {response.status_code}")
-            errors.append(f"{replica.url}: HTTP {response.status_code}")
-            last = response
+                return Upstream(replica, response, attempt, body)
+            response.release()
+            if response.status >= 500:
+                self._down(replica, f"HTTP {response.status}")
+            errors.append(f"{replica.url}: HTTP {response.status}")
+            last = Upstream(replica, response, attempt, body)
         if last is not None:  # every replica answered with an error: the client gets the last one
-            return Upstream(self.replicas[0], last, attempts)
+            return last
         raise ReplicaUnavailable(f"no inference replica answered ({'; '.join(errors)}); check that "
                                  "gateway.replicas lists running replicas")
 
     # -- admin: adapter versions on every replica -------------------------------------------------
-    async def _admin(self, replica: Replica, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return await self.client.request(method, replica.url + path, headers=self._auth, **kwargs)
+    async def _admin(self, replica: Replica, method: str, path: str, timeout_s: float = 120.0,
+                     **kwargs: Any) -> tuple[int, Any]:
+        """(status, JSON body or text) of an admin call."""
+        limit = aiohttp.ClientTimeout(total=timeout_s)
+        async with self._client().request(method, replica.url + path, headers=self._auth, timeout=limit,
+                                          **kwargs) as response:
+            text = await response.text()
+            try:
+                return response.status, json.loads(text) if text else None
+            except ValueError:
+                return response.status, text
 
     async def loaded(self, replica: Replica) -> set[str]:
         """The adapter versions `replica` serves now."""
-        response = await self._admin(replica, "GET", "/admin/adapters")
-        response.raise_for_status()
-        return {a["name"] for a in response.json()["adapters"]}
+        status, body = await self._admin(replica, "GET", "/admin/adapters", timeout_s=10)
+        if status != 200:
+            raise ReplicaUnavailable(f"replica {replica.url} answered /admin/adapters with {status}: {body}")
+        return {a["name"] for a in body["adapters"]}
 
     async def ensure_loaded(self, versions: Mapping[str, str]) -> dict[str, str]:
         """Load every version (serving name -> `models:/...` source) a reachable replica lacks.
@@ -153,16 +177,16 @@ class ReplicaPool:
                 for name, source in versions.items():
                     if name in have:
                         continue
-                    response = await self._admin(replica, "POST", "/admin/adapters",
-                                                 json={"source": source, "name": name})
-                    if response.status_code >= 500:
-                        unreachable[replica.url] = f"loading {name}: HTTP {response.status_code}"
+                    status, body = await self._admin(replica, "POST", "/admin/adapters",
+                                                     json={"source": source, "name": name})
+                    if status >= 500:
+                        unreachable[replica.url] = f"loading {name}: HTTP {status}"
                         continue
-                    if response.status_code not in (200, 201):
+                    if status not in (200, 201):
                         raise AdapterLoadFailed(f"replica {replica.url} refused {name} from {source}: "
-                                                f"HTTP {response.status_code} {response.text[:500]}")
+                                                f"HTTP {status} {str(body)[:500]}")
                     log.info("loaded %s on %s", name, replica.url)
-            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            except (*_FAILED, ReplicaUnavailable) as exc:
                 unreachable[replica.url] = f"{type(exc).__name__}: {exc}"
 
         await asyncio.gather(*(one(r) for r in self.replicas))
@@ -173,12 +197,12 @@ class ReplicaPool:
 
         async def one(replica: Replica) -> None:
             try:
-                response = await self._admin(replica, "DELETE", f"/admin/adapters/{name}",
-                                             params={"timeout_s": timeout_s}, timeout=timeout_s + 10)
-                if response.status_code not in (204, 404):
-                    log.warning("replica %s kept %s: HTTP %d %s", replica.url, name, response.status_code,
-                                response.text[:300])
-            except httpx.TransportError as exc:
+                status, body = await self._admin(replica, "DELETE", f"/admin/adapters/{name}",
+                                                 timeout_s=timeout_s + 10,
+                                                 params={"timeout_s": str(timeout_s)})
+                if status not in (204, 404):
+                    log.warning("replica %s kept %s: HTTP %d %s", replica.url, name, status, str(body)[:300])
+            except _FAILED as exc:
                 log.warning("could not unload %s on %s: %s", name, replica.url, exc)
 
         await asyncio.gather(*(one(r) for r in self.replicas))

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-import httpx
+import aiohttp
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
@@ -52,9 +52,9 @@ async def completions(request: Request, service: ServiceDep, caller: CallerDep,
 async def models(service: ServiceDep, caller: CallerDep) -> Response:
     """The models a replica serves (base model, loaded versions, aliases)."""
     upstream = await service.pool.send("GET", "/v1/models")
-    data = await upstream.response.aread()
-    await upstream.response.aclose()
-    return Response(data, status_code=upstream.response.status_code, media_type="application/json")
+    data = upstream.body if upstream.body is not None else await upstream.response.read()
+    upstream.response.release()
+    return Response(data, status_code=upstream.response.status, media_type="application/json")
 
 
 def _body(raw: bytes) -> dict[str, Any]:
@@ -96,33 +96,33 @@ async def _relay(service: GatewayService, request: Request, path: str, caller: K
     if state is not None and state.active:
         headers["X-ORL-Rollout"] = state.rollout_id
     headers |= {k: response.headers[k] for k in _RELAYED if k in response.headers}
-    streamed = response.status_code == 200 and response.headers.get("content-type", "").startswith(
-        "text/event-stream")
-    if not streamed:
-        data = await response.aread()
-        await response.aclose()
-        _done(service, route, started, response.status_code < 500)
-        return Response(data, status_code=response.status_code, headers=headers,
-                        media_type=response.headers.get("content-type", "application/json"))
+    content_type = response.headers.get("content-type", "application/json")
+    if response.status != 200 or not content_type.startswith("text/event-stream"):
+        try:
+            data = upstream.body if upstream.body is not None else await response.read()
+        finally:
+            response.release()
+        _done(service, route, started, response.status < 500)
+        return Response(data, status_code=response.status, headers=headers, media_type=content_type)
     return StreamingResponse(_stream(service, route, response, started), media_type="text/event-stream",
                              headers=headers)
 
 
-async def _stream(service: GatewayService, route: Route, response: httpx.Response,
+async def _stream(service: GatewayService, route: Route, response: aiohttp.ClientResponse,
                   started: float) -> AsyncIterator[bytes]:
     ok = True
     try:
-        async for chunk in response.aiter_raw():
-            if b'"error"' in chunk and b"data: {\"error\"" in chunk:
+        async for chunk in response.content.iter_any():
+            if b'data: {"error"' in chunk:
                 ok = False  # the replica reported a failure inside the stream
             yield chunk
-    except httpx.HTTPError as exc:  # the replica went away mid-answer: too late to move the request
+    except (TimeoutError, aiohttp.ClientError) as exc:  # too late to move the request
         ok = False
         logger.warning("stream from %s broke: %s", route.model, exc)
         payload = {"error": {"message": "the replica stopped mid-answer; retry", "type": "server_error"}}
         yield b"data: " + json.dumps(payload).encode() + b"\n\n"
     finally:
-        await response.aclose()
+        response.release()
         _done(service, route, started, ok)
 
 
