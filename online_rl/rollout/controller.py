@@ -108,8 +108,10 @@ class RolloutController:
         self.state = store.load()
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def start(self, challenger: str | None = None, actor: str = "controller") -> RolloutState:
-        """Begin a rollout of `challenger` (default: the version the `challenger` alias names)."""
+    def start(self, challenger: str | None = None, actor: str = "controller",
+              evidence: dict[str, Any] | None = None) -> RolloutState:
+        """Begin a rollout of `challenger` (default: the version the `challenger` alias names);
+        `evidence` (e.g. the off-policy gate's estimate) goes into the audit entry."""
         if self.state is not None and self.state.active:
             raise RolloutConflict(f"rollout {self.state.rollout_id} of version {self.state.challenger} is "
                                   f"{self.state.status}: promote or roll it back first")
@@ -123,7 +125,7 @@ class RolloutController:
             challenger=str(version),
             champion=alias_version(self.client, self.registered_model, "champion"),
             weight=self.plan.steps[0], started=now, step_started=now)
-        self._record("start", f"rollout of version {version} at {self.plan.steps[0]:.0%}", actor)
+        self._record("start", f"rollout of version {version} at {self.plan.steps[0]:.0%}", actor, evidence)
         return self.state
 
     def observe(self, evidence: Evidence) -> Decision | None:

@@ -85,6 +85,7 @@ class RolloutLoop:
         self._stop = threading.Event()
         self._feed: threading.Thread | None = None
         self._unneeded_since: dict[str, float] = {}
+        self.kl: dict[str, float] = {}  # version -> KL(champion || it), measured by the gate
 
     # -- names --------------------------------------------------------------------------------------
     def name(self, version: str | None) -> str:
@@ -181,32 +182,34 @@ class RolloutLoop:
             return await asyncio.to_thread(self.controller.rollback, actor, f"could not load: {exc}")
         if len(missing) == len(self.pool.replicas):
             raise ReplicaUnavailable(f"no replica could load {name} ({missing}); trying again next tick")
-        if self.gate is not None:
-            verdict = await self._gate(version)
-            if verdict is not None:
-                await asyncio.to_thread(self.controller.start, version, actor)
-                return await asyncio.to_thread(self.controller.rollback, actor, verdict)
-        return await asyncio.to_thread(self.controller.start, version, actor)
+        objection, evidence = await self._gate(version) if self.gate is not None else (None, {})
+        state = await asyncio.to_thread(self.controller.start, version, actor, evidence)
+        if objection is not None:  # recorded as a rollout that ended before any exposure
+            state = await asyncio.to_thread(self.controller.rollback, actor, objection)
+        return state
 
-    async def _gate(self, version: str) -> str | None:
-        """The off-policy gate's objection, or None to go ahead."""
+    async def _gate(self, version: str) -> tuple[str | None, dict[str, Any]]:
+        """The off-policy gate's objection (None: go ahead) and its estimate, for the audit log."""
         assert self.gate is not None
         with self._tally_lock:
             logged = [s for s in self._champion_samples if s.completion and s.completion.logprobs]
         if len(logged) < self.config.offpolicy_min_samples:
             log.info("off-policy gate skipped for %s: %d logged champion answers (needs %d)", version,
                      len(logged), self.config.offpolicy_min_samples)
-            return None
+            return None, {"offpolicy": "skipped", "offpolicy_logged": len(logged)}
         estimate = await asyncio.to_thread(self.gate, self.name(version), logged)
-        log.info("off-policy gate for %s: %.3f vs logged %.3f (ESS %.1f of %d)", version, estimate.value,
-                 estimate.logged_value, estimate.effective_samples, estimate.samples)
+        if estimate.kl is not None:
+            self.kl[version] = estimate.kl
+        evidence = {"offpolicy_value": estimate.value, "offpolicy_logged_value": estimate.logged_value,
+                    "offpolicy_ess": estimate.effective_samples, "offpolicy_logged": estimate.samples,
+                    "kl": estimate.kl}
         if estimate.effective_samples < self.config.offpolicy_min_ess:
-            return None
+            return None, evidence | {"offpolicy": "too few effective samples to judge"}
         if estimate.value < estimate.logged_value - self.config.offpolicy_margin:
             return (f"off-policy gate: estimated reward {estimate.value:.3f} vs the champion's "
                     f"{estimate.logged_value:.3f} on {estimate.samples} logged answers "
-                    f"(ESS {estimate.effective_samples:.1f})")
-        return None
+                    f"(ESS {estimate.effective_samples:.1f})"), evidence
+        return None, evidence | {"offpolicy": "passed"}
 
     async def _reconcile(self) -> None:
         state = self.controller.state
@@ -257,7 +260,7 @@ class RolloutLoop:
             ch = self.tally.stats(challenger, since)
             cp = self.tally.stats(champion, champion_since)
         return Evidence(ch, cp, self.health.health(challenger, since),
-                        self.health.health(champion, champion_since))
+                        self.health.health(champion, champion_since), self.kl.get(state.challenger))
 
     # -- a person's controls (the REST API and the CLI) ---------------------------------------------
     async def control(self, action: str, actor: str, weight: float | None = None,

@@ -25,6 +25,7 @@ class OffPolicyEstimate:
     logged_value: float  # the champion's own mean reward on the same samples
     effective_samples: float
     samples: int
+    kl: float | None = None  # mean log(pi_behaviour / pi_target) over the samples, when computed
 
 
 def snips(rewards: Sequence[float], target_logprobs: Sequence[float],

@@ -20,6 +20,7 @@ from online_rl.errors import ConfigError
 from online_rl.ingest import ApiKeyStore
 from online_rl.rollout.loop import Gate, RolloutLoop
 from online_rl.rollout.replicas import ReplicaPool
+from online_rl.rollout.scoring import LogprobScorer
 from online_rl.tracking import mlflow_client
 from services.gateway.errors import install_error_handlers
 from services.gateway.routes import health, page, proxy, rollout
@@ -30,7 +31,8 @@ __all__ = ["create_app"]
 
 def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = None) -> FastAPI:
     """The gateway over `settings.gateway.replicas`, reading joined samples from `bus` (default: the
-    configured bus) and running the rollout controller against the configured MLflow store."""
+    configured bus) and running the rollout controller against the configured MLflow store; `gate`
+    (default: the local scorer when gateway.rollout.offpolicy_gate is on) judges before exposure."""
     api = settings.gateway
     if len(ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)) == 0:
         raise ConfigError("gateway.api_keys is empty, so every request would be refused; create a key with "
@@ -43,7 +45,10 @@ def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = N
     ensure_topics(service_bus, settings.bus.partitions, Topics(settings.bus.topic_prefix))
     pool = ReplicaPool(api.replicas, api.upstream_api_key.get_secret_value(), api.connect_timeout_s,
                        api.read_timeout_s, api.max_connections, api.replica_cooldown_s)
-    loop = RolloutLoop(settings, pool, service_bus, mlflow_client(settings), gate=gate)
+    client = mlflow_client(settings)
+    if gate is None and api.rollout.offpolicy_gate:
+        gate = LogprobScorer(settings.model_dir, client, settings.mlflow.registered_model)
+    loop = RolloutLoop(settings, pool, service_bus, client, gate=gate)
     service = GatewayService(settings, pool, loop)
 
     @asynccontextmanager

@@ -187,12 +187,14 @@ class Users:
     """Simulated users: each sends a chat through the gateway and gives a thumb on the answer —
     up when it contains `GOOD`, with `noise` of the thumbs flipped (seeded)."""
 
-    def __init__(self, stack: Stack, count: int, noise: float = 0.1, seed: int = 0) -> None:
+    def __init__(self, stack: Stack, count: int, noise: float = 0.1, seed: int = 0,
+                 temperature: float = 0.0) -> None:
         import random
 
         self.stack = stack
         self.ids = [f"user-{i}" for i in range(count)]
         self.noise = noise
+        self.temperature = temperature
         self.rng = random.Random(seed)
         self.client = httpx.Client(timeout=60, headers=stack.headers())
         self.producer = stack.bus.producer()
@@ -200,7 +202,7 @@ class Users:
 
     def ask(self, user: str, stream: bool = False) -> Answer:
         body = {"model": "anything", "messages": [{"role": "user", "content": f"hello from {user}"}],
-                "max_tokens": 3, "temperature": 0, "user": user, "stream": stream}
+                "max_tokens": 3, "temperature": self.temperature, "user": user, "stream": stream}
         response = self.client.post(self.stack.url + "/v1/chat/completions", json=body)
         text, request_id = "", None
         if response.status_code == 200 and not stream:
