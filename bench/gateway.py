@@ -168,7 +168,8 @@ def main() -> None:
             print(f"answers of 1 token, {args.concurrency} clients:", flush=True)
             short = compare(replica, gateway, upstream, client, args, 1)
             print(f"latency: one client, {args.probes} one-token requests each way, interleaved", flush=True)
-            alone_direct, alone_gateway = asyncio.run(interleaved(replica, gateway, upstream, client, args.probes))
+            probes = interleaved(replica, gateway, upstream, client, args.probes)
+            alone_direct, alone_gateway = asyncio.run(probes)
         finally:
             for process in processes:
                 process.terminate()
@@ -176,7 +177,8 @@ def main() -> None:
                 process.wait(timeout=60)
     alone = {"direct_p50_ms": statistics.median(alone_direct) * 1e3,
              "gateway_p50_ms": statistics.median(alone_gateway) * 1e3,
-             "direct_p99_ms": _pct(alone_direct, 0.99) * 1e3, "gateway_p99_ms": _pct(alone_gateway, 0.99) * 1e3}
+             "direct_p99_ms": _pct(alone_direct, 0.99) * 1e3,
+             "gateway_p99_ms": _pct(alone_gateway, 0.99) * 1e3}
     added = alone["gateway_p50_ms"] - alone["direct_p50_ms"]
     print(f"gateway/direct throughput {main_run['throughput_ratio']:.3f} (1-token answers "
           f"{short['throughput_ratio']:.3f}); added p50 {added:.2f} ms alone "
@@ -185,7 +187,8 @@ def main() -> None:
     result: dict[str, Any] = {"throughput_ratio": round(main_run["throughput_ratio"], 3),
                               "added_p50_ms": round(added, 2)}
     result |= {f"alone_{k}": round(v, 2) for k, v in alone.items()}
-    result |= {f"loaded_{k}" if "_ms" in k else k: round(v, 2) for k, v in main_run.items() if k not in result}
+    result |= {f"loaded_{k}" if "_ms" in k else k: round(v, 2)
+               for k, v in main_run.items() if k not in result}
     result |= {f"{k}_short": round(v, 3 if k == "throughput_ratio" else 2) for k, v in short.items()}
     result |= {"concurrency": args.concurrency, "max_tokens": args.max_tokens, "seconds": args.seconds,
                "rounds": args.rounds, "model": EMBEDDED_MODEL_ID}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -75,6 +76,14 @@ class KafkaBus(Bus):
         except ck.KafkaException as exc:
             if exc.args[0].code() != ck.KafkaError.TOPIC_ALREADY_EXISTS:
                 raise BusError(f"could not create topic {name!r}: {exc}") from exc
+        # The controller confirms before every broker's metadata has the topic: wait until the
+        # metadata shows it, so that a lookup right after creation does not call it unknown.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            meta = self._metadata(name).topics.get(name)
+            if meta is not None and meta.error is None and meta.partitions:
+                return
+            time.sleep(0.05)
 
     def partitions(self, topic: str) -> int:
         meta = self._metadata(topic).topics.get(topic)

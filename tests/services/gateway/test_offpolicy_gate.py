@@ -39,6 +39,7 @@ def test_the_gate_stops_a_worse_challenger_before_exposure(make_stack: StackFact
         status = stack.wait(lambda s: s["rollout"]["challenger"] == better)
         assert status["rollout"]["status"] == "running" and status["champion"]["version"] == champion
         gate = stack.api("GET", "/rollout/history").json()["entries"][-1]["evidence"]
-        assert gate["offpolicy"] == "passed" and gate["offpolicy_value"] > gate["offpolicy_logged_value"], gate
+        assert gate["offpolicy"] == "passed", gate
+        assert gate["offpolicy_value"] > gate["offpolicy_logged_value"], gate
     finally:
         users.close()
