@@ -14,6 +14,7 @@ from online_rl.registry.publish import (
     PublishedVersion,
     adapter_files,
     alias_version,
+    download_version,
     publish_adapter,
     serving_name,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "PublishedVersion",
     "adapter_files",
     "alias_version",
+    "download_version",
     "file_sha256",
     "publish_adapter",
     "read_lineage",

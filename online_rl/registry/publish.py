@@ -20,7 +20,8 @@ from online_rl.registry.lineage import verify_adapter_dir
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-__all__ = ["PublishedVersion", "adapter_files", "alias_version", "publish_adapter", "serving_name"]
+__all__ = ["PublishedVersion", "adapter_files", "alias_version", "download_version", "publish_adapter",
+           "serving_name"]
 
 log = logging.getLogger(__name__)
 
@@ -92,17 +93,28 @@ def alias_version(client: MlflowClient, registered_model: str, alias: str) -> st
         raise
 
 
+def download_version(tracking_uri: str, registered_model: str, version: str, dest: Path) -> Path:
+    """Download a registered version's files into `dest` from the store at `tracking_uri` (its model
+    registry too, whatever this process's global MLflow settings say); returns the folder holding
+    `adapter_config.json`. Raises MLflow's exception when the store does not have it."""
+    import mlflow.artifacts
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    source = client.get_model_version_download_uri(registered_model, version)
+    got = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dest),
+                                                   tracking_uri=tracking_uri))
+    folders = [p.parent for p in got.rglob("adapter_config.json")]
+    if len(folders) != 1:
+        raise ValueError(f"models:/{registered_model}/{version} should hold one adapter folder, "
+                         f"found {len(folders)}")
+    return folders[0]
+
+
 def adapter_files(client: MlflowClient, registered_model: str, version: str) -> dict[str, bytes]:
     """A registered version's adapter files (weights, config, lineage), checked against its lineage
     manifest, as bytes: ready to ship to a worker on another node."""
-    import mlflow.artifacts
-
     with tempfile.TemporaryDirectory(prefix="orl-version-") as tmp:
-        got = Path(mlflow.artifacts.download_artifacts(f"models:/{registered_model}/{version}", dst_path=tmp,
-                                                       tracking_uri=client.tracking_uri))
-        folders = [p.parent for p in got.rglob("adapter_config.json")]
-        if len(folders) != 1:
-            raise ValueError(f"models:/{registered_model}/{version} should hold one adapter folder, "
-                             f"found {len(folders)}")
-        verify_adapter_dir(folders[0])
-        return {p.name: p.read_bytes() for p in sorted(folders[0].iterdir()) if p.is_file()}
+        folder = download_version(client.tracking_uri, registered_model, version, Path(tmp))
+        verify_adapter_dir(folder)
+        return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from online_rl.errors import OnlineRLError
-from online_rl.registry import AdapterRejected, LineageManifest, verify_adapter_dir
+from online_rl.registry import AdapterRejected, LineageManifest, download_version, verify_adapter_dir
 from online_rl.serving.engine import Engine
 
 __all__ = ["AdapterInfo", "AdapterManager", "AdapterSource", "UnknownModel", "VersionConflict"]
@@ -228,7 +228,7 @@ class AdapterManager:
         serving_name = f"{match['name']}-v{version}"
         if name is not None and name != serving_name:
             raise AdapterRejected(f"an MLflow version is served as {serving_name!r}; leave `name` empty")
-        return self._download(f"models:/{match['name']}/{version}", serving_name), serving_name
+        return self._download(match["name"], version, serving_name), serving_name
 
     def _private_copy(self, folder: Path, name: str) -> Path:
         dest = self._unique(self._download_dir / "local" / name)
@@ -247,25 +247,25 @@ class AdapterManager:
         from mlflow.exceptions import MlflowException
 
         try:
-            return str(MlflowClient(self._tracking_uri).get_model_version_by_alias(registered, alias).version)
+            client = MlflowClient(self._tracking_uri, registry_uri=self._tracking_uri)
+            return str(client.get_model_version_by_alias(registered, alias).version)
         except MlflowException as exc:
             raise AdapterRejected(f"MLflow has no version of {registered!r} with alias {alias!r}") from exc
 
-    def _download(self, uri: str, serving_name: str) -> Path:
-        import mlflow.artifacts
+    def _download(self, registered: str, version: str, serving_name: str) -> Path:
+        import mlflow
         from mlflow.exceptions import MlflowException
 
         dest = self._unique(self._download_dir / serving_name)
         dest.mkdir()
+        uri = f"models:/{registered}/{version}"
         try:
-            got = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(dest),
-                                                           tracking_uri=self._tracking_uri))
+            store = self._tracking_uri or mlflow.get_tracking_uri()
+            return download_version(store, registered, version, dest)
         except MlflowException as exc:
             raise AdapterRejected(f"MLflow could not provide {uri}: {exc.message}") from exc
-        found = [p.parent for p in got.rglob("adapter_config.json")]
-        if len(found) != 1:
-            raise AdapterRejected(f"{uri} should hold one adapter folder, found {len(found)}")
-        return found[0]
+        except ValueError as exc:
+            raise AdapterRejected(str(exc)) from exc
 
 
 def _check_name(name: str) -> None:

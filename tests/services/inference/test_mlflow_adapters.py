@@ -31,13 +31,20 @@ def test_versions_load_from_mlflow_by_number_and_alias_and_tampering_is_refused(
     assert register(settings, adapters[0]) == "1"
     client = mlflow_client(settings)
     client.set_registered_model_alias("policy", "champion", "1")
+    # The service reads its own store, whatever this process's global MLflow registry is (a
+    # separate serving process never sets it: the first real deployment found that).
+    import mlflow
 
-    by_number = server.admin("POST", "/admin/adapters",
-                             json={"source": "models:/policy/1", "alias": "policy"})
-    assert by_number.status_code == 201, by_number.text
-    assert by_number.json()["name"] == "policy-v1"
-    by_alias = server.admin("POST", "/admin/adapters", json={"source": "models:/policy@champion"})
-    assert by_alias.status_code == 201 and by_alias.json()["name"] == "policy-v1"
+    mlflow.set_registry_uri(f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    try:
+        by_number = server.admin("POST", "/admin/adapters",
+                                 json={"source": "models:/policy/1", "alias": "policy"})
+        assert by_number.status_code == 201, by_number.text
+        assert by_number.json()["name"] == "policy-v1"
+        by_alias = server.admin("POST", "/admin/adapters", json={"source": "models:/policy@champion"})
+        assert by_alias.status_code == 201 and by_alias.json()["name"] == "policy-v1"
+    finally:
+        mlflow.set_registry_uri(settings.mlflow_tracking_uri)
     answer = server.openai().completions.create(model="policy", prompt="hello", max_tokens=3)
     assert answer.model == "policy-v1"
 
