@@ -320,7 +320,7 @@ class RolloutConfig(BaseModel):
         default=True, description="Start a rollout when MLflow's `challenger` alias names a new version."
     )
     interval_s: float = Field(default=5.0, gt=0, le=3600, description="Seconds between two analyses.")
-    reward_bucket_s: float = Field(default=60.0, gt=0, description="Time bucket of reward per version.")
+    reward_bucket_s: float = Field(default=10.0, gt=0, description="Time bucket of reward per version.")
     state_dir: Path | None = Field(
         default=None, description="Rollout state and audit log. Empty means <cache_dir>/rollout."
     )
@@ -363,6 +363,10 @@ class GatewayConfig(BaseModel):
     connect_timeout_s: float = Field(default=2.0, gt=0, description="Connecting to a replica.")
     read_timeout_s: float = Field(default=300.0, gt=0, description="Waiting for a replica's next bytes.")
     max_connections: int = Field(default=512, ge=1, description="Pooled connections to all replicas.")
+    startup_tick_s: float = Field(
+        default=20.0, gt=0, description="At start, wait this long for the controller's first pass "
+        "(the champion loaded into the replicas) before serving.",
+    )
     replica_cooldown_s: float = Field(
         default=5.0, ge=0, description="How long a replica that refused a connection is skipped."
     )

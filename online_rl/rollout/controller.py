@@ -55,6 +55,7 @@ class RolloutState:
     started: float = 0.0
     step_started: float = 0.0
     history: list[dict[str, Any]] = field(default_factory=list)
+    mlflow_pending: str | None = None  # a promote/rollback decided here but not yet carried out in MLflow
 
     @property
     def active(self) -> bool:
@@ -119,6 +120,7 @@ class RolloutController:
         if version is None:
             raise RolloutConflict(f"MLflow has no `challenger` version of {self.registered_model!r} to "
                                   "roll out: publish one (the trainer does) or name the version")
+        self.check_version(str(version))
         now = self.clock()
         self.state = RolloutState(
             rollout_id=f"r-{uuid.uuid4().hex[:12]}", registered_model=self.registered_model,
@@ -127,6 +129,34 @@ class RolloutController:
             weight=self.plan.steps[0], started=now, step_started=now)
         self._record("start", f"rollout of version {version} at {self.plan.steps[0]:.0%}", actor, evidence)
         return self.state
+
+    def reject(self, version: str, reason: str, actor: str = "controller",
+               evidence: dict[str, Any] | None = None) -> RolloutState:
+        """Record a rollout of `version` that ended before any exposure (it could not be loaded, or
+        the off-policy gate objected): never running, so no request is ever routed to it."""
+        if self.state is not None and self.state.active:
+            raise RolloutConflict(f"rollout {self.state.rollout_id} is {self.state.status}")
+        now = self.clock()
+        self.state = RolloutState(
+            rollout_id=f"r-{uuid.uuid4().hex[:12]}", registered_model=self.registered_model,
+            challenger=version,
+            champion=alias_version(self.client, self.registered_model, "champion"), status="rolled_back",
+            started=now, step_started=now, mlflow_pending="reject")
+        self._record("reject", reason, actor, evidence)
+        self.sync_mlflow()
+        return self.state
+
+    def check_version(self, version: str) -> None:
+        """Refuse a version the registry does not have (RolloutConflict names it)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_model_version(self.registered_model, version)
+        except MlflowException as error:
+            if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise RolloutConflict(f"MLflow has no version {version} of {self.registered_model!r}; "
+                                      "name a registered version") from error
+            raise
 
     def observe(self, evidence: Evidence) -> Decision | None:
         """Let the plan judge `evidence` (None while paused or without a rollout)."""
@@ -170,6 +200,8 @@ class RolloutController:
 
     # -- applying decisions -------------------------------------------------------------------------
     def _apply(self, action: str, reason: str, actor: str, decision: Decision | None = None) -> RolloutState:
+        # The traffic moves first (the state is saved before anything else can fail); MLflow's
+        # aliases and tags follow, retried by `sync_mlflow` while the registry is away.
         state = self.state
         assert state is not None
         evidence = _evidence(decision)
@@ -177,13 +209,34 @@ class RolloutController:
             assert decision is not None
             state.step, state.weight, state.step_started = decision.step, decision.weight, self.clock()
         elif action == "promote":
-            self._promote_in_mlflow(state, reason, evidence)
-            state.status, state.weight = "promoted", 1.0
+            state.status, state.weight, state.mlflow_pending = "promoted", 1.0, "promote"
         elif action == "rollback":
-            self._rollback_in_mlflow(state, reason, evidence)
-            state.status, state.weight = "rolled_back", 0.0
+            state.status, state.weight, state.mlflow_pending = "rolled_back", 0.0, "rollback"
         self._record(action, reason, actor, evidence)
+        if state.mlflow_pending:
+            self.sync_mlflow()
         return state
+
+    def sync_mlflow(self) -> bool:
+        """Carry out a pending promotion or rollback in MLflow; False (logged) if the registry failed."""
+        state = self.state
+        if state is None or state.mlflow_pending is None:
+            return True
+        entry: dict[str, Any] = next(
+            (e for e in reversed(state.history) if e["action"] == state.mlflow_pending), {})
+        reason, evidence = entry.get("reason", ""), entry.get("evidence") or {}
+        try:
+            if state.mlflow_pending == "promote":
+                self._promote_in_mlflow(state, reason, evidence)
+            else:
+                self._rollback_in_mlflow(state, reason, evidence)
+        except Exception as exc:
+            log.warning("rollout %s: MLflow did not take the %s yet (%s); retrying", state.rollout_id,
+                        state.mlflow_pending, exc)
+            return False
+        state.mlflow_pending = None
+        self.store.save(state)
+        return True
 
     def _promote_in_mlflow(self, state: RolloutState, reason: str, evidence: dict[str, Any]) -> None:
         name, version = state.registered_model, state.challenger
@@ -237,4 +290,4 @@ def _evidence(decision: Decision | None) -> dict[str, Any]:
 
 def _tags(evidence: dict[str, Any]) -> dict[str, str]:
     return {f"rollout.evidence.{key}": f"{value:.6g}" if isinstance(value, float) else str(value)
-            for key, value in evidence.items()}
+            for key, value in evidence.items() if value is not None}

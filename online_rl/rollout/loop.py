@@ -33,7 +33,7 @@ from online_rl.bus import Bus, BusError, Topics
 from online_rl.config import RolloutConfig, Settings
 from online_rl.events import TrainingSample, decode
 from online_rl.registry import alias_version, serving_name
-from online_rl.rollout.controller import RolloutController, RolloutState, RolloutStore
+from online_rl.rollout.controller import RolloutConflict, RolloutController, RolloutState, RolloutStore
 from online_rl.rollout.health import HealthLog
 from online_rl.rollout.offpolicy import OffPolicyEstimate
 from online_rl.rollout.plan import Evidence, Guardrails, RolloutPlan
@@ -79,13 +79,18 @@ class RolloutLoop:
         self.champion: str | None = None  # the version MLflow's `champion` names (refreshed each tick)
         self.samples_seen = 0
         self.last_error: str | None = None
-        self._champion_samples: deque[TrainingSample] = deque(maxlen=5000)  # for the off-policy gate
+        self._logged: dict[str, deque[TrainingSample]] = {}  # per version, newest: for the off-policy gate
         self._lock = asyncio.Lock()
         self._tally_lock = threading.Lock()
         self._stop = threading.Event()
         self._feed: threading.Thread | None = None
         self._unneeded_since: dict[str, float] = {}
         self.kl: dict[str, float] = {}  # version -> KL(champion || it), measured by the gate
+        state = self.controller.state
+        if state is not None and state.active and state.history:  # a restart: keep the gate's KL
+            kl = (state.history[0].get("evidence") or {}).get("kl")
+            if kl is not None:
+                self.kl[state.challenger] = float(kl)
 
     # -- names --------------------------------------------------------------------------------------
     def name(self, version: str | None) -> str:
@@ -136,63 +141,99 @@ class RolloutLoop:
         with self._tally_lock:
             if self.tally.add(sample):
                 self.samples_seen += 1
-                champion = self.name(self.champion)
-                if (sample.behaviour_versions[0] or self.base_model) == champion:
-                    self._champion_samples.append(sample)
+                version = self.key(sample.behaviour_versions[0] or self.base_model)
+                self._logged.setdefault(version, deque(maxlen=2000)).append(sample)
 
     # -- the loop -------------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Tick until cancelled; an error is logged and kept for the status page, then retried."""
+        """Tick until cancelled; the stages' errors are logged and kept for the status page."""
         while True:
             try:
                 await self.tick()
-                self.last_error = None
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # never let the loop die
                 log.exception("rollout tick failed")
                 self.last_error = f"{type(exc).__name__}: {exc}"
             await asyncio.sleep(self.config.interval_s)
 
     async def tick(self) -> None:
+        """One pass of the stages. Each runs even when an earlier one failed (MLflow away must not
+        stop a running step from being judged, nor a replica away stop MLflow from being synced)."""
+        problems = []
         async with self._lock:
-            self.champion = await asyncio.to_thread(alias_version, self.client, self.registered, "champion")
-            state = self.controller.state
-            if self.config.auto_start and (state is None or not state.active):
-                await self._maybe_start()
-            await self._reconcile()
-            state = self.controller.state
-            if state is not None and state.status == "running":
-                await asyncio.to_thread(self.controller.observe, self.evidence(state))
-                self._after(state)
+            for stage in (self._sync_mlflow, self._refresh_champion, self._maybe_start, self._reconcile,
+                          self._judge):
+                try:
+                    await stage()
+                except Exception as exc:  # recorded; the next tick retries
+                    log.warning("rollout stage %s failed: %s", stage.__name__, exc, exc_info=True)
+                    problems.append(f"{stage.__name__.strip('_')}: {type(exc).__name__}: {exc}")
+        self.last_error = "; ".join(problems) or None
+
+    async def _sync_mlflow(self) -> None:
+        state = self.controller.state
+        if state is None or not state.mlflow_pending:
+            return
+        if not await asyncio.to_thread(self.controller.sync_mlflow):
+            raise RuntimeError(f"MLflow has not taken the {state.mlflow_pending} of version "
+                               f"{state.challenger} yet")
+
+    async def _refresh_champion(self) -> None:
+        """Follow MLflow's `champion`, loading a new one into the replicas before routing to it."""
+        version = await asyncio.to_thread(alias_version, self.client, self.registered, "champion")
+        if version == self.champion:
+            return
+        if version is not None:
+            missing = await self.pool.ensure_loaded({self.name(version): self._uri(version)})
+            if len(missing) == len(self.pool.replicas):
+                raise ReplicaUnavailable(f"no replica could load the champion {self.name(version)}: "
+                                         f"{missing}")
+        log.info("champion is now %s", self.name(version))
+        self.champion = version
 
     async def _maybe_start(self) -> None:
-        version = await asyncio.to_thread(alias_version, self.client, self.registered, "challenger")
         state = self.controller.state
-        if version is None or version == self.champion or (state is not None and state.challenger == version):
+        if not self.config.auto_start or (state is not None and state.active):
+            return
+        version = await asyncio.to_thread(alias_version, self.client, self.registered, "challenger")
+        if version is None or version == self.champion:
+            return
+        if state is not None and state.challenger == version:  # its rollout has ended already
             return
         await self._start(version, "controller")
 
+    async def _judge(self) -> None:
+        state = self.controller.state
+        if state is not None and state.status == "running":
+            await asyncio.to_thread(self.controller.observe, self.evidence(state))
+            self._after(state)
+
+    def _uri(self, version: str) -> str:
+        return f"models:/{self.registered}/{version}"
+
     async def _start(self, version: str, actor: str) -> RolloutState:
+        """Load `version` everywhere, let the gate judge it, then start its rollout — or record it
+        as rejected before any exposure."""
+        await asyncio.to_thread(self.controller.check_version, version)
         name = self.name(version)
         try:
-            missing = await self.pool.ensure_loaded({name: f"models:/{self.registered}/{version}"})
-        except AdapterLoadFailed as exc:  # recorded as a rollout that ended before any exposure
-            await asyncio.to_thread(self.controller.start, version, actor)
-            return await asyncio.to_thread(self.controller.rollback, actor, f"could not load: {exc}")
+            missing = await self.pool.ensure_loaded({name: self._uri(version)})
+        except AdapterLoadFailed as exc:
+            return await asyncio.to_thread(self.controller.reject, version, f"could not load: {exc}", actor)
         if len(missing) == len(self.pool.replicas):
             raise ReplicaUnavailable(f"no replica could load {name} ({missing}); trying again next tick")
         objection, evidence = await self._gate(version) if self.gate is not None else (None, {})
-        state = await asyncio.to_thread(self.controller.start, version, actor, evidence)
-        if objection is not None:  # recorded as a rollout that ended before any exposure
-            state = await asyncio.to_thread(self.controller.rollback, actor, objection)
-        return state
+        if objection is not None:
+            return await asyncio.to_thread(self.controller.reject, version, objection, actor, evidence)
+        return await asyncio.to_thread(self.controller.start, version, actor, evidence)
 
     async def _gate(self, version: str) -> tuple[str | None, dict[str, Any]]:
         """The off-policy gate's objection (None: go ahead) and its estimate, for the audit log."""
         assert self.gate is not None
         with self._tally_lock:
-            logged = [s for s in self._champion_samples if s.completion and s.completion.logprobs]
+            champion = self.key(self.name(self.champion))
+            logged = [s for s in self._logged.get(champion, ()) if s.completion and s.completion.logprobs]
         if len(logged) < self.config.offpolicy_min_samples:
             log.info("off-policy gate skipped for %s: %d logged champion answers (needs %d)", version,
                      len(logged), self.config.offpolicy_min_samples)
@@ -217,14 +258,13 @@ class RolloutLoop:
         versions = [self.champion] + ([state.champion, state.challenger] if state and state.active else [])
         for version in versions:
             if version is not None:
-                needed[self.name(version)] = f"models:/{self.registered}/{version}"
+                needed[self.name(version)] = self._uri(version)
         try:
             await self.pool.ensure_loaded(needed)
         except AdapterLoadFailed as exc:
-            if state is not None and state.active and self.name(state.challenger) in str(exc):
-                await asyncio.to_thread(self.controller.rollback, "controller", f"could not load: {exc}")
-            else:
+            if state is None or not state.active or exc.name != self.name(state.challenger):
                 raise
+            await asyncio.to_thread(self.controller.rollback, "controller", f"could not load: {exc}")
         await self._unload_unneeded(set(needed))
 
     async def _unload_unneeded(self, needed: set[str]) -> None:
@@ -265,21 +305,33 @@ class RolloutLoop:
     # -- a person's controls (the REST API and the CLI) ---------------------------------------------
     async def control(self, action: str, actor: str, weight: float | None = None,
                       version: str | None = None, reason: str | None = None) -> RolloutState:
-        async with self._lock:
-            c = self.controller
-            if action == "start":
+        """A person's action: start, pause, resume, set_weight, promote or rollback."""
+        c = self.controller
+        if action == "start":
+            if c.state is not None and c.state.active:  # before loading anything
+                raise RolloutConflict(f"rollout {c.state.rollout_id} of version {c.state.challenger} is "
+                                      f"{c.state.status}: promote or roll it back first")
+            async with self._lock:
                 chosen = version or await asyncio.to_thread(alias_version, self.client, self.registered,
                                                             "challenger")
-                state = await self._start(chosen, actor) if chosen else await asyncio.to_thread(c.start)
-            elif action == "set_weight":
-                assert weight is not None
+                if chosen is None:
+                    return await asyncio.to_thread(c.start)  # raises: nothing to roll out
+                return await self._start(chosen, actor)
+        async with self._lock:
+            if action == "set_weight":
+                if weight is None:
+                    raise ValueError("set_weight needs a weight in [0, 1]")
                 state = await asyncio.to_thread(c.set_weight, weight, actor)
             elif action in ("promote", "rollback"):
                 method = c.promote if action == "promote" else c.rollback
                 args = (actor, reason) if reason else (actor,)
                 state = await asyncio.to_thread(method, *args)
+            elif action == "pause":
+                state = await asyncio.to_thread(c.pause, actor)
+            elif action == "resume":
+                state = await asyncio.to_thread(c.resume, actor)
             else:
-                state = await asyncio.to_thread(getattr(c, action), actor)
+                raise ValueError(f"unknown rollout action {action!r}")
             self._after(state)
             return state
 

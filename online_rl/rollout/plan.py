@@ -30,7 +30,7 @@ Action = Literal["hold", "advance", "promote", "rollback"]
 class Guardrails:
     max_error_rate_increase: float = 0.01  # challenger error rate minus champion's
     max_p99_latency_ratio: float = 1.5  # challenger p99 / champion p99
-    max_kl: float | None = None  # mean KL(challenger || champion) per response, when measured
+    max_kl: float | None = None  # KL(champion || challenger) per answer, as the off-policy gate measures it
     min_requests: int = 50  # per arm before error rate and latency are judged (few requests are noise)
 
 

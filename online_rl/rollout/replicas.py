@@ -4,7 +4,8 @@ and the admin calls that load and unload adapter versions on every replica.
 A request is opened on one replica (round robin, replicas that just refused a connection last);
 while nothing has come back to the client it may move to the next replica: on a connection error,
 a timeout before the answer's headers, a 5xx answer, or a 404 `model_not_found` (a replica that
-restarted and has not reloaded the version yet). Once an answer starts it is the client's.
+restarted and has not reloaded the version yet). Only a failed connection makes a replica skipped
+for `cooldown_s`. Once an answer starts it is the client's.
 
 Knows aiohttp and the inference service's wire contract (`/v1/...`, `/admin/adapters`); nothing about
 FastAPI or rollouts.
@@ -34,7 +35,11 @@ class ReplicaUnavailable(OnlineRLError):
 
 
 class AdapterLoadFailed(OnlineRLError):
-    """A replica refused to load an adapter version (its message says why)."""
+    """A replica refused to load adapter version `name` (the message says why)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 @dataclass
@@ -52,6 +57,7 @@ class Upstream:
     response: aiohttp.ClientResponse
     attempts: int
     body: bytes | None = None  # already read (an error answer read to decide on a retry)
+    exhausted: bool = False  # every replica gave a retryable error; this is the last one
 
 
 _FAILED = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
@@ -131,11 +137,9 @@ class ReplicaPool:
             if not retry:
                 replica.down_until = 0.0
                 return Upstream(replica, response, attempt, body)
-            response.release()
-            if response.status >= 500:
-                self._down(replica, f"HTTP {response.status}")
+            response.release()  # (an error answer is no reason to skip the replica for others)
             errors.append(f"{replica.url}: HTTP {response.status}")
-            last = Upstream(replica, response, attempt, body)
+            last = Upstream(replica, response, attempt, body, exhausted=True)
         if last is not None:  # every replica answered with an error: the client gets the last one
             return last
         raise ReplicaUnavailable(f"no inference replica answered ({'; '.join(errors)}); check that "
@@ -183,8 +187,8 @@ class ReplicaPool:
                         unreachable[replica.url] = f"loading {name}: HTTP {status}"
                         continue
                     if status not in (200, 201):
-                        raise AdapterLoadFailed(f"replica {replica.url} refused {name} from {source}: "
-                                                f"HTTP {status} {str(body)[:500]}")
+                        raise AdapterLoadFailed(name, f"replica {replica.url} refused {name} from {source}: "
+                                                      f"HTTP {status} {str(body)[:500]}")
                     log.info("loaded %s on %s", name, replica.url)
             except (*_FAILED, ReplicaUnavailable) as exc:
                 unreachable[replica.url] = f"{type(exc).__name__}: {exc}"

@@ -1,6 +1,12 @@
 """Serving: generation engines, adapter versions, streamed text and interaction logging."""
 
-from online_rl.serving.adapters import AdapterInfo, AdapterManager, UnknownModel, VersionConflict
+from online_rl.serving.adapters import (
+    AdapterInfo,
+    AdapterManager,
+    AdapterUnavailable,
+    UnknownModel,
+    VersionConflict,
+)
 from online_rl.serving.core import Chunk, InferenceCore, Prepared, PromptTooLong, new_request_id
 from online_rl.serving.engine import AdapterLoadError, Engine, EngineError, GenerationRequest, TokenDelta
 from online_rl.serving.factory import build_engine, choose_engine
@@ -11,6 +17,7 @@ __all__ = [
     "AdapterInfo",
     "AdapterLoadError",
     "AdapterManager",
+    "AdapterUnavailable",
     "Chunk",
     "Engine",
     "EngineError",

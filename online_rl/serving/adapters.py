@@ -28,7 +28,8 @@ from online_rl.errors import OnlineRLError
 from online_rl.registry import AdapterRejected, LineageManifest, download_version, verify_adapter_dir
 from online_rl.serving.engine import Engine
 
-__all__ = ["AdapterInfo", "AdapterManager", "AdapterSource", "UnknownModel", "VersionConflict"]
+__all__ = ["AdapterInfo", "AdapterManager", "AdapterSource", "AdapterUnavailable", "UnknownModel",
+           "VersionConflict"]
 
 logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -37,6 +38,10 @@ _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<al
 
 class UnknownModel(OnlineRLError):
     """The requested model is neither the base, a loaded version nor an alias."""
+
+
+class AdapterUnavailable(OnlineRLError):
+    """The registry or artifact store failed while fetching a version: try again later."""
 
 
 class VersionConflict(OnlineRLError):
@@ -263,9 +268,13 @@ class AdapterManager:
             store = self._tracking_uri or mlflow.get_tracking_uri()
             return download_version(store, registered, version, dest)
         except MlflowException as exc:
-            raise AdapterRejected(f"MLflow could not provide {uri}: {exc.message}") from exc
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise AdapterRejected(f"MLflow could not provide {uri}: {exc.message}") from exc
+            raise AdapterUnavailable(f"MLflow failed while fetching {uri} ({exc.message}); retry") from exc
         except ValueError as exc:
             raise AdapterRejected(str(exc)) from exc
+        except OSError as exc:  # the artifact store away (a network share, an object store)
+            raise AdapterUnavailable(f"could not fetch {uri} ({exc}); retry") from exc
 
 
 def _check_name(name: str) -> None:

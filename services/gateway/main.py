@@ -54,11 +54,16 @@ def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = N
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop.start_feed()
+        # One pass before serving, so the champion is loaded and known before the first request
+        # routes; if a replica is slow to load, serving starts anyway (the pass goes on, unhurried).
+        first = asyncio.create_task(loop.tick(), name="orl-rollout-first-tick")
+        await asyncio.wait({first}, timeout=api.startup_tick_s)
         task = asyncio.create_task(loop.run(), name="orl-rollout-loop")
         yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for running in (first, task):
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await running
         await asyncio.to_thread(loop.stop_feed)
         await pool.close()
         if own_bus:

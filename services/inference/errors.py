@@ -15,7 +15,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from online_rl.registry import AdapterRejected
-from online_rl.serving import AdapterLoadError, EngineError, PromptTooLong, UnknownModel, VersionConflict
+from online_rl.serving import (
+    AdapterLoadError,
+    AdapterUnavailable,
+    EngineError,
+    PromptTooLong,
+    UnknownModel,
+    VersionConflict,
+)
 
 __all__ = ["ApiError", "error_body", "install_error_handlers"]
 
@@ -73,6 +80,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_rejected(request: Request, exc: Exception) -> JSONResponse:
         return _answer(422, str(exc), "adapter_rejected", "source")
 
+    async def on_fetch_failed(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=503, headers={"Retry-After": "5"},
+                            content=error_body(str(exc), "adapter_unavailable", "source"))
+
     async def on_conflict(request: Request, exc: Exception) -> JSONResponse:
         return _answer(409, str(exc), "conflict")
 
@@ -96,6 +107,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(PromptTooLong, on_too_long)
     app.add_exception_handler(AdapterRejected, on_rejected)
     app.add_exception_handler(AdapterLoadError, on_rejected)
+    app.add_exception_handler(AdapterUnavailable, on_fetch_failed)
     app.add_exception_handler(VersionConflict, on_conflict)
     app.add_exception_handler(EngineError, on_engine)
     app.add_exception_handler(StarletteHTTPException, on_http)

@@ -115,3 +115,38 @@ def test_people_pause_resume_and_decide_and_the_state_survives_a_restart(client:
         ("start", "controller"), ("pause", "api:alice"), ("resume", "api:alice"),
         ("set_weight", "api:alice"), ("promote", "api:bob")]
     assert entries[-1]["reason"] == "looked good on the dashboard"
+
+
+def test_a_rollback_moves_the_traffic_even_while_mlflow_is_away(
+        client: Any, local_settings: Settings, tmp_path: Path) -> None:
+    controller = RolloutController(client, "policy", PLAN, RolloutStore(tmp_path / "rollout"), Clock())
+    controller.start()
+    db = Path(local_settings.mlflow_tracking_uri.removeprefix("sqlite:///"))
+    away = db.with_suffix(".away")
+    db.rename(away)  # the registry is gone: SQLite opens an empty file in its place
+    try:
+        state = controller.rollback("key:ops", "bad answers reported")
+        assert (state.status, state.weight, state.mlflow_pending) == ("rolled_back", 0.0, "rollback")
+        assert RolloutStore(tmp_path / "rollout").load().status == "rolled_back"  # saved before MLflow
+        assert controller.sync_mlflow() is False
+    finally:
+        db.unlink(missing_ok=True)
+        away.rename(db)
+    assert controller.sync_mlflow() is True  # the registry is back: the aliases follow
+    assert controller.state is not None and controller.state.mlflow_pending is None
+    assert client.get_registered_model("policy").aliases.get("challenger") is None
+    assert client.get_model_version("policy", "2").tags["rollout.reason"] == "bad answers reported"
+
+
+def test_a_rejected_version_is_never_running_and_an_unknown_one_is_refused(client: Any,
+                                                                          tmp_path: Path) -> None:
+    controller = RolloutController(client, "policy", PLAN, RolloutStore(tmp_path / "rollout"), Clock())
+    with pytest.raises(RolloutConflict, match="MLflow has no version 9 of 'policy'"):
+        controller.start("9")
+    assert controller.state is None and controller.store.entries() == []
+    state = controller.reject("2", "could not load: another base model")
+    assert (state.status, state.weight) == ("rolled_back", 0.0)
+    assert [e["action"] for e in controller.store.entries()] == ["reject"]
+    assert client.get_model_version("policy", "2").tags["rollout.status"] == "rolled_back"
+    aliases = client.get_registered_model("policy").aliases
+    assert {k: str(v) for k, v in aliases.items()} == {"champion": "1"}

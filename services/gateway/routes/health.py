@@ -21,12 +21,13 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(service: ServiceDep) -> JSONResponse:
-    """Ready when at least one replica is not being skipped. The controller's last error (MLflow or
-    the bus away) is reported here but does not stop the routing of requests."""
+    """Ready when at least one replica is not being skipped. Whether the controller's last pass went
+    through is reported (its error, with details, is on the authenticated GET /rollout) but does not
+    stop the routing of requests."""
     now = service.pool.clock()
     up = [r.url for r in service.pool.replicas if r.down_until <= now]
-    body = {"status": "ready" if up else "unavailable", "replicas_up": up,
-            "controller_error": service.loop.last_error}
+    body = {"status": "ready" if up else "unavailable", "replicas_up": len(up),
+            "replicas": len(service.pool.replicas), "controller_ok": service.loop.last_error is None}
     return JSONResponse(body, status_code=200 if up else 503)
 
 

@@ -20,6 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from online_rl.ingest import KeyInfo
 from online_rl.rollout import Route
+from online_rl.rollout.replicas import ReplicaUnavailable
 from services.gateway.deps import CallerDep, ServiceDep
 from services.gateway.errors import ApiError
 from services.gateway.service import GatewayService
@@ -36,7 +37,8 @@ async def chat_completions(request: Request, service: ServiceDep, caller: Caller
                            x_orl_version: Annotated[str | None, Header()] = None,
                            x_orl_user: Annotated[str | None, Header()] = None) -> Response:
     """Answer a chat with the version the rollout assigns to the user (`user` field, else the
-    `X-ORL-User` header, else the API key). `X-ORL-Version: champion|challenger|<name>` forces one."""
+    `X-ORL-User` header, else the API key). `X-ORL-Version: champion|challenger|<name>` forces one
+    (keys with the `tester` scope)."""
     return await _relay(service, request, "/v1/chat/completions", caller, x_orl_version, x_orl_user)
 
 
@@ -70,6 +72,10 @@ def _body(raw: bytes) -> dict[str, Any]:
 
 def _route(service: GatewayService, body: dict[str, Any], caller: KeyInfo, override: str | None,
            header_user: str | None) -> tuple[Route, str]:
+    if override and not caller.allows("tester"):
+        raise ApiError(403, "permission_error", "X-ORL-Version needs a key with the 'tester' scope "
+                       "(forcing a version is for testing; real users follow the rollout)",
+                       param="X-ORL-Version", code="insufficient_scope")
     user = body.get("user") or header_user or f"key-{caller.key_id}"
     if not isinstance(user, str) or len(user) > 256:
         raise ApiError(400, "invalid_request_error", "user must be a string of at most 256 characters "
@@ -86,8 +92,12 @@ async def _relay(service: GatewayService, request: Request, path: str, caller: K
     body = _body(await request.body())
     route, user = _route(service, body, caller, override, header_user)
     body["model"], body["user"] = route.model, user
-    upstream = await service.pool.send("POST", path, json.dumps(body).encode(),
-                                       {"content-type": "application/json"})
+    try:
+        upstream = await service.pool.send("POST", path, json.dumps(body).encode(),
+                                           {"content-type": "application/json"})
+    except ReplicaUnavailable:
+        _done(service, route, started, False)
+        raise
     if upstream.attempts > 1:
         service.metrics.failovers.inc(upstream.attempts - 1)
     response = upstream.response
@@ -97,6 +107,11 @@ async def _relay(service: GatewayService, request: Request, path: str, caller: K
         headers["X-ORL-Rollout"] = state.rollout_id
     headers |= {k: response.headers[k] for k in _RELAYED if k in response.headers}
     content_type = response.headers.get("content-type", "application/json")
+    if upstream.exhausted and response.status == 404:  # the version is on no replica (yet)
+        response.release()
+        _done(service, route, started, False)
+        raise ApiError(503, "service_unavailable", f"{route.model} is not loaded on any replica yet; retry",
+                       code="version_unavailable")
     if response.status != 200 or not content_type.startswith("text/event-stream"):
         try:
             data = upstream.body if upstream.body is not None else await response.read()
@@ -129,6 +144,7 @@ async def _stream(service: GatewayService, route: Route, response: aiohttp.Clien
 def _done(service: GatewayService, route: Route, started: float, ok: bool) -> None:
     elapsed = time.perf_counter() - started
     loop = service.loop
-    loop.health.record(loop.key(route.model), elapsed, ok)
+    if not route.forced:  # a tester's forced requests are not the arm's evidence
+        loop.health.record(loop.key(route.model), elapsed, ok)
     service.metrics.requests.labels(route.model, route.arm, "ok" if ok else "error").inc()
     service.metrics.latency.labels(route.arm).observe(elapsed)

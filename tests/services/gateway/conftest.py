@@ -45,6 +45,7 @@ class Stack:
     bus: Bus
     topics: Topics
     key: str  # scope inference
+    tester_key: str  # scopes inference, tester (may force a version)
     admin_key: str  # scope admin (the gateway's)
     upstream_key: str  # the replicas' key (inference, admin)
     model_dir: Path
@@ -65,8 +66,9 @@ class Stack:
     def admin_key_id(self) -> str:
         return hash_key(self.admin_key)[:8]
 
-    def headers(self, admin: bool = False) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.admin_key if admin else self.key}"}
+    def headers(self, admin: bool = False, tester: bool = False) -> dict[str, str]:
+        key = self.admin_key if admin else self.tester_key if tester else self.key
+        return {"Authorization": f"Bearer {key}"}
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return httpx.request(method, self.url + path, headers=self.headers(admin=True), timeout=60, **kwargs)
@@ -111,7 +113,7 @@ class Stack:
 
 def stack_settings(root: Path, model_dir: Path, bootstrap: str, replicas: list[str],
                    **rollout: Any) -> tuple[Settings, dict[str, str]]:
-    keys = {name: new_key() for name in ("client", "admin", "upstream")}
+    keys = {name: new_key() for name in ("client", "tester", "admin", "upstream")}
     settings = Settings(
         cache_dir=root / "cache",
         kafka={"bootstrap_servers": bootstrap},  # type: ignore[arg-type]
@@ -121,7 +123,8 @@ def stack_settings(root: Path, model_dir: Path, bootstrap: str, replicas: list[s
         inference={"engine": "transformers", "max_model_len": 512,  # type: ignore[arg-type]
                    "api_keys": [f"{keys['upstream'][1]} inference,admin"]},
         gateway={"replicas": replicas, "upstream_api_key": keys["upstream"][0],  # type: ignore[arg-type]
-                 "api_keys": [f"{keys['client'][1]} inference", f"{keys['admin'][1]} admin"],
+                 "api_keys": [f"{keys['client'][1]} inference", f"{keys['tester'][1]} inference,tester",
+                              f"{keys['admin'][1]} admin"],
                  "replica_cooldown_s": 1.0,
                  "rollout": {"interval_s": 0.5, "reward_bucket_s": 1.0} | rollout},
     )
@@ -149,7 +152,7 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
             settings = settings.model_copy(update={"gateway": gateway})
             if joiner:
                 _start_joiner(stack, bus, topics)
-            made = Stack(settings, "", replicas, bus, topics, keys["client"], keys["admin"],
+            made = Stack(settings, "", replicas, bus, topics, keys["client"], keys["tester"], keys["admin"],
                          keys["upstream"], steerable_model, root)
             made.start_gateway()
             stack.callback(made._gateway.close)

@@ -38,7 +38,9 @@ def test_keys_scopes_and_bad_input_get_clear_errors(make_stack: StackFactory) ->
 
     response = httpx.post(stack.url + "/v1/chat/completions", content=b"{not json", headers=stack.headers())
     assert response.status_code == 400 and "not JSON" in response.json()["error"]["message"]
-    response = _post(stack, CHAT, **stack.headers(), **{"X-ORL-Version": "policy-v9"})
+    response = _post(stack, CHAT, **stack.headers(), **{"X-ORL-Version": "champion"})
+    assert response.status_code == 403 and "'tester' scope" in response.json()["error"]["message"]
+    response = _post(stack, CHAT, **stack.headers(tester=True), **{"X-ORL-Version": "policy-v9"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "X-ORL-Version"
     response = _post(stack, CHAT | {"user": 7}, **stack.headers())
     assert response.status_code == 400 and response.json()["error"]["param"] == "user"
@@ -48,6 +50,8 @@ def test_keys_scopes_and_bad_input_get_clear_errors(make_stack: StackFactory) ->
     assert response.status_code == 409 and "no rollout" in response.json()["error"]["message"]
     response = stack.api("POST", "/rollout/start")
     assert response.status_code == 409 and "no `challenger` version" in response.json()["error"]["message"]
+    response = stack.api("POST", "/rollout/start", json={"version": "999"})
+    assert response.status_code == 409 and "no version 999" in response.json()["error"]["message"]
     assert stack.api("GET", "/rollout/history").json() == {"entries": []}  # nothing half-written
 
 
@@ -71,7 +75,7 @@ def test_streams_and_fails_over_past_a_dead_replica(make_stack: StackFactory) ->
                      if line.startswith("orl_gateway_failovers_total "))
     assert failovers >= 1  # the dead replica was tried and passed over; no client saw it
     ready = httpx.get(stack.url + "/readyz").json()
-    assert dead not in ready["replicas_up"] and ready["status"] == "ready"
+    assert (ready["status"], ready["replicas_up"], ready["replicas"]) == ("ready", 2, 3)  # dead one skipped
     logged = [decode(r.value or b"", Interaction) for r in stack.bus.read_all(stack.topics.interactions)]
     assert sorted(i.user_id for i in logged) == ["u0", "u0", "u1", "u2", "u3"]
     assert {i.model for i in logged} == {TINY_NAME} and {i.adapter_version for i in logged} == {None}
@@ -82,7 +86,8 @@ def test_controls_are_audited_and_survive_a_restart(make_stack: StackFactory) ->
     version = stack.publish(" yes")
     name = f"policy-v{version}"
     stack.wait(lambda s: s["rollout"] is not None and s["rollout"]["status"] == "running")
-    forced = _post(stack, CHAT | {"user": "tester"}, **stack.headers(), **{"X-ORL-Version": "challenger"})
+    forced = _post(stack, CHAT | {"user": "tester"}, **stack.headers(tester=True),
+                   **{"X-ORL-Version": "challenger"})
     assert forced.status_code == 200 and forced.headers["x-orl-version"] == name
     assert forced.json()["model"] == name and forced.headers["x-orl-rollout"].startswith("r-")
 

@@ -26,10 +26,10 @@ def test_the_gate_stops_a_worse_challenger_before_exposure(make_stack: StackFact
 
         never = stack.publish(GOOD, strength=-2.0)  # never says it
         stack.wait(lambda s: s["rollout"]["challenger"] == never and s["rollout"]["status"] == "rolled_back")
-        entries = stack.api("GET", "/rollout/history").json()["entries"]
-        start, rollback = entries[-2:]
-        assert rollback["reason"].startswith("off-policy gate: estimated reward")
-        gate = start["evidence"]
+        rejected = stack.api("GET", "/rollout/history").json()["entries"][-1]
+        assert rejected["action"] == "reject" and rejected["weight"] == 0  # never running, never served
+        assert rejected["reason"].startswith("off-policy gate: estimated reward")
+        gate = rejected["evidence"]
         assert gate["offpolicy_value"] < 0.1 < gate["offpolicy_logged_value"] - 0.1, gate
         assert gate["offpolicy_ess"] >= 5 and gate["kl"] > 0
         after = users.round()
