@@ -20,7 +20,10 @@ __all__ = ["ensure_experiment", "mlflow_client"]
 
 
 def mlflow_client(settings: Settings) -> MlflowClient:
-    """Point MLflow at the configured store (creating the local SQLite one) and return a client."""
+    """Point MLflow at the configured store (creating the local SQLite one) and return a client.
+
+    The store is both the tracking server and the model registry, for the client and for the
+    process's global MLflow calls (`models:/` URIs): a registry set elsewhere never takes over."""
     import mlflow
 
     uri = settings.mlflow_tracking_uri
@@ -28,7 +31,8 @@ def mlflow_client(settings: Settings) -> MlflowClient:
         ensure_writable(settings.cache_dir / "mlflow")
     try:
         mlflow.set_tracking_uri(uri)
-        client = mlflow.MlflowClient(tracking_uri=uri)
+        mlflow.set_registry_uri(uri)
+        client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
         client.search_experiments(max_results=1)  # opens (and migrates) the store now, not later
     except Exception as exc:  # MLflow raises many exception types for an unusable store
         raise EnvironmentProblem(

@@ -44,7 +44,7 @@ def test_versions_load_from_mlflow_by_number_and_alias_and_tampering_is_refused(
         by_alias = server.admin("POST", "/admin/adapters", json={"source": "models:/policy@champion"})
         assert by_alias.status_code == 201 and by_alias.json()["name"] == "policy-v1"
     finally:
-        mlflow.set_registry_uri(settings.mlflow_tracking_uri)
+        mlflow_client(settings)  # points the process's registry back at the test's store
     answer = server.openai().completions.create(model="policy", prompt="hello", max_tokens=3)
     assert answer.model == "policy-v1"
 
