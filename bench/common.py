@@ -1,10 +1,13 @@
-"""Shared helpers for the benchmarks: a Kafka broker for the run, and the JSON result line."""
+"""Shared helpers for the benchmarks: a Kafka broker for the run, an `online-rl` service in its own
+process, and the JSON result line."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +30,27 @@ def kafka_broker(bootstrap: str | None, port: int = 19292) -> Iterator[str]:
         yield out.stdout.strip().splitlines()[-1]
     finally:
         subprocess.run(["bash", str(KAFKA_SCRIPT), "stop"], env=env, capture_output=True)
+
+
+def start_cli_service(args: list[str], env: dict[str, str], url: str, what: str,
+                      timeout_s: float = 300.0) -> subprocess.Popen[bytes]:
+    """Run `online-rl <args>` with `env` added, and return once `url`/readyz answers 200."""
+    import httpx
+
+    process = subprocess.Popen([sys.executable, "-m", "online_rl.cli", *args], env={**os.environ, **env},
+                               cwd=ROOT)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            raise SystemExit(f"the {what} exited during start-up")
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit(f"the {what} did not become ready")
 
 
 def emit(result: dict[str, Any]) -> None:

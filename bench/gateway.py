@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,30 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.common import ROOT, emit
+from bench.common import emit, start_cli_service
 from online_rl.config import load_settings
 from online_rl.ingest import new_key
 from online_rl.models import EMBEDDED_MODEL_ID, prepare_embedded_model
 
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?",
              "Say hello in Spanish.", "What do bees make?", "Which planet is red?"]
-
-
-def _start(args: list[str], env: dict[str, str], url: str, what: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, "-m", "online_rl.cli", *args], env={**os.environ, **env},
-                               cwd=ROOT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None:
-            raise SystemExit(f"the {what} exited during start-up")
-        time.sleep(0.5)
-    process.kill()
-    raise SystemExit(f"the {what} did not become ready")
 
 
 Run = tuple[int, float, list[float]]  # requests, elapsed seconds, latencies (s)
@@ -156,10 +137,10 @@ def main() -> None:
                   "ORL_MLFLOW__TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
         replica = "http://127.0.0.1:18481"
         gateway = "http://127.0.0.1:18480"
-        processes = [_start(["serve", "inference", "--port", "18481"], common | {
+        processes = [start_cli_service(["serve", "inference", "--port", "18481"], common | {
             "ORL_INFERENCE__API_KEYS": json.dumps([f"{upstream_hash} inference,admin"])}, replica, "replica")]
         try:
-            processes.append(_start(["serve", "gateway", "--port", "18480"], common | {
+            processes.append(start_cli_service(["serve", "gateway", "--port", "18480"], common | {
                 "ORL_GATEWAY__REPLICAS": json.dumps([replica]), "ORL_GATEWAY__UPSTREAM_API_KEY": upstream,
                 "ORL_GATEWAY__API_KEYS": json.dumps([f"{client_hash} inference", f"{admin_hash} admin"])},
                 gateway, "gateway"))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.common import ROOT, emit
+from bench.common import emit, start_cli_service
 from online_rl.config import InferenceConfig, load_settings
 from online_rl.events import SamplingParams
 from online_rl.ingest import new_key
@@ -96,23 +95,11 @@ async def service_and_engine(model_dir: Path, config: InferenceConfig, prompts: 
 
 
 def start_service(model_dir: Path, work: Path, digest: str, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "ORL_CACHE_DIR": str(work / "cache"), "ORL_MODEL__PATH": str(model_dir),
+    env = {"ORL_CACHE_DIR": str(work / "cache"), "ORL_MODEL__PATH": str(model_dir),
            "ORL_INFERENCE__API_KEYS": f'["{digest}"]', "ORL_BUS__EMBEDDED_PATH": str(work / "bus.db"),
            "ORL_KAFKA__BOOTSTRAP_SERVERS": ""}
-    process = subprocess.Popen([sys.executable, "-m", "online_rl.cli", "serve", "inference",
-                                "--port", str(port)], env=env, cwd=ROOT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None:
-            raise SystemExit("the inference service exited during start-up")
-        time.sleep(0.5)
-    process.kill()
-    raise SystemExit("the inference service did not become ready")
+    return start_cli_service(["serve", "inference", "--port", str(port)], env, f"http://127.0.0.1:{port}",
+                             "inference service")
 
 
 async def service_throughput(url: str, key: str, chats: list[Any], max_tokens: int) -> float:

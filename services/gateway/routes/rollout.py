@@ -8,10 +8,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from online_rl.ingest import KeyInfo
-from online_rl.rollout import RolloutState
 from services.gateway.deps import AdminDep, ServiceDep
 from services.gateway.schemas import ReasonIn, StartIn, WeightIn
-from services.gateway.service import GatewayService
 
 __all__ = ["router"]
 
@@ -20,11 +18,6 @@ router = APIRouter(prefix="/rollout", tags=["rollout"])
 
 def _actor(admin: KeyInfo) -> str:
     return f"key:{admin.key_id}"
-
-
-def _state(service: GatewayService, state: RolloutState) -> dict[str, Any]:
-    """The status after a change (`state` is the loop's own, already in it)."""
-    return service.loop.status()
 
 
 @router.get("")
@@ -49,37 +42,42 @@ async def series(service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
 @router.post("/start", status_code=201, responses={409: {"description": "A rollout is already running."}})
 async def start(service: ServiceDep, admin: AdminDep, body: StartIn | None = None) -> dict[str, Any]:
     """Start a rollout of `version` (default: MLflow's `challenger`), loading it into every replica."""
-    state = await service.loop.control("start", _actor(admin), version=body.version if body else None)
-    return _state(service, state)
+    await service.loop.control("start", _actor(admin), version=body.version if body else None)
+    return service.loop.status()
 
 
 @router.post("/pause", responses={409: {"description": "No running rollout."}})
 async def pause(service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
     """Freeze the traffic split; the plan takes no decision until resumed."""
-    return _state(service, await service.loop.control("pause", _actor(admin)))
+    await service.loop.control("pause", _actor(admin))
+    return service.loop.status()
 
 
 @router.post("/resume", responses={409: {"description": "No paused rollout."}})
 async def resume(service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
     """Resume a paused rollout (the step's clock restarts)."""
-    return _state(service, await service.loop.control("resume", _actor(admin)))
+    await service.loop.control("resume", _actor(admin))
+    return service.loop.status()
 
 
 @router.put("/weight", responses={409: {"description": "No active rollout."}})
 async def set_weight(body: WeightIn, service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
     """Set the challenger's share of traffic by hand (the plan's next step may move it again)."""
-    return _state(service, await service.loop.control("set_weight", _actor(admin), weight=body.weight))
+    await service.loop.control("set_weight", _actor(admin), weight=body.weight)
+    return service.loop.status()
 
 
 @router.post("/promote", responses={409: {"description": "No active rollout."}})
 async def promote(service: ServiceDep, admin: AdminDep, body: ReasonIn | None = None) -> dict[str, Any]:
     """Promote the challenger now: MLflow's `champion` moves to it; everyone gets it."""
     reason = body.reason if body else None
-    return _state(service, await service.loop.control("promote", _actor(admin), reason=reason))
+    await service.loop.control("promote", _actor(admin), reason=reason)
+    return service.loop.status()
 
 
 @router.post("/rollback", responses={409: {"description": "No active rollout."}})
 async def rollback(service: ServiceDep, admin: AdminDep, body: ReasonIn | None = None) -> dict[str, Any]:
     """Roll the challenger back now: traffic to 0, `champion` kept, the adapter unloaded."""
     reason = body.reason if body else None
-    return _state(service, await service.loop.control("rollback", _actor(admin), reason=reason))
+    await service.loop.control("rollback", _actor(admin), reason=reason)
+    return service.loop.status()
