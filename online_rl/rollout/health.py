@@ -36,6 +36,5 @@ class HealthLog:
             recent = [(latency, ok) for at, latency, ok in self._answers.get(version, ()) if at >= since]
         if not recent:
             return ArmHealth()
-        latencies = sorted(latency for latency, _ in recent)
-        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-        return ArmHealth(requests=len(recent), errors=sum(1 for _, ok in recent if not ok), p99_latency_s=p99)
+        return ArmHealth(requests=len(recent), errors=sum(1 for _, ok in recent if not ok),
+                         latencies=tuple(sorted(latency for latency, _ in recent)))

@@ -2,7 +2,12 @@
 
 A plan is a list of challenger weights (e.g. 5% -> 25% -> 50% -> 100%). At each step the analysis
 compares the versions' rewards with an always-valid confidence sequence (`sequential.compare`) and
-checks guardrails (error rate, p99 latency, KL to the champion):
+checks guardrails (error rate, p99 latency, KL to the champion). Error rate and latency are tested, not
+compared point for point: on a few dozen answers a p99 is the single slowest one, so one slow answer
+(a pause on a busy host) would roll back a good version. A guardrail breaks when the challenger's
+answers show, at significance `Guardrails.significance` (binomial test), an error rate above the
+champion's plus the allowance, or more than 1 % of answers slower than the allowed multiple of the
+champion's p99:
 
 1. a guardrail broken, or the challenger confidently worse (the sequence's upper bound < 0): roll back;
 2. enough feedback on both arms and the challenger confidently no worse than `margin` (lower bound
@@ -16,6 +21,7 @@ audit log see exactly the same reasoning. Knows nothing about HTTP, MLflow or th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,6 +38,7 @@ class Guardrails:
     max_p99_latency_ratio: float = 1.5  # challenger p99 / champion p99
     max_kl: float | None = None  # KL(champion || challenger) per answer, as the off-policy gate measures it
     min_requests: int = 50  # per arm before error rate and latency are judged (few requests are noise)
+    significance: float = 0.01  # of the binomial tests behind the error-rate and latency guardrails
 
 
 @dataclass(frozen=True)
@@ -58,11 +65,41 @@ class RolloutPlan:
 class ArmHealth:
     requests: int = 0
     errors: int = 0
-    p99_latency_s: float | None = None
+    latencies: tuple[float, ...] = field(default=(), repr=False)  # seconds, ascending
 
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
+
+    @property
+    def p99_latency_s(self) -> float | None:
+        if not self.latencies:
+            return None
+        return self.latencies[min(len(self.latencies) - 1, int(0.99 * len(self.latencies)))]
+
+    def slower_than(self, limit_s: float) -> int:
+        return sum(1 for latency in self.latencies if latency > limit_s)
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p): how surprising k events in n trials are if their rate is p."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    total = 0.0
+    for i in range(k, n + 1):
+        term = math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                        + i * log_p + (n - i) * log_q)
+        total += term
+        if i > n * p and term < 1e-16 * total:
+            break  # past the mode the terms only shrink
+    return min(1.0, total)
 
 
 @dataclass(frozen=True)
@@ -91,13 +128,18 @@ def _guardrail(plan: RolloutPlan, evidence: Evidence) -> str | None:
         return f"KL to the champion {evidence.kl:.3f} above {g.max_kl}"
     if min(ch.requests, cp.requests) < g.min_requests:
         return None
-    if ch.error_rate - cp.error_rate > g.max_error_rate_increase:
+    allowed_rate = min(1.0, cp.error_rate + g.max_error_rate_increase)
+    if (ch.error_rate > allowed_rate
+            and binomial_tail(ch.errors, ch.requests, allowed_rate) < g.significance):
         return (f"error rate {ch.error_rate:.3f} vs champion {cp.error_rate:.3f} "
                 f"(allowed +{g.max_error_rate_increase})")
-    limit = g.max_p99_latency_ratio * (cp.p99_latency_s or 0.0)
-    if ch.p99_latency_s and cp.p99_latency_s and ch.p99_latency_s > limit:
+    if ch.p99_latency_s is None or not cp.p99_latency_s:
+        return None
+    limit = g.max_p99_latency_ratio * cp.p99_latency_s
+    slow = ch.slower_than(limit)
+    if ch.p99_latency_s > limit and binomial_tail(slow, len(ch.latencies), 0.01) < g.significance:
         return (f"p99 latency {ch.p99_latency_s:.3f}s vs champion {cp.p99_latency_s:.3f}s "
-                f"(allowed x{g.max_p99_latency_ratio})")
+                f"(allowed x{g.max_p99_latency_ratio}; {slow} of {len(ch.latencies)} answers slower)")
     return None
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from online_rl.rollout import ArmHealth, ArmStats, Evidence, Guardrails, RolloutPlan, decide
+from online_rl.rollout.plan import binomial_tail
 
 PLAN = RolloutPlan(steps=(0.05, 0.25, 1.0), min_samples=100, margin=0.02, max_step_s=600)
 
@@ -42,11 +45,21 @@ def test_guardrails_roll_back_whatever_the_reward_says() -> None:
     good = (_arm(2000, 0.7), _arm(2000, 0.5))
     errors = Evidence(*good, challenger_health=ArmHealth(1000, 50), champion_health=ArmHealth(1000, 5))
     assert "error rate 0.050" in decide(PLAN, 0, 0, 10, errors).reason
-    slow = Evidence(*good, challenger_health=ArmHealth(60, 0, 2.0), champion_health=ArmHealth(60, 0, 1.0))
+    slow = Evidence(*good, challenger_health=ArmHealth(60, 0, (2.0,) * 60),
+                    champion_health=ArmHealth(60, 0, (1.0,) * 60))
     assert "p99 latency" in decide(PLAN, 0, 0, 10, slow).reason
     # Too few requests to judge latency or errors: a few slow or failed answers are noise.
-    early = Evidence(*good, challenger_health=ArmHealth(10, 3, 2.0), champion_health=ArmHealth(10, 0, 1.0))
+    early = Evidence(*good, challenger_health=ArmHealth(10, 3, (2.0,) * 10),
+                     champion_health=ArmHealth(10, 0, (1.0,) * 10))
     assert decide(PLAN, 0, 0, 10, early).action != "rollback"
+    # Enough requests, but one pause on a busy host: the p99 of 60 answers is their slowest, and one
+    # slow answer in 60 is no evidence that more than 1 % are slow. Nor is one error in 60.
+    pause = Evidence(*good, challenger_health=ArmHealth(60, 1, (0.08,) * 59 + (0.7,)),
+                     champion_health=ArmHealth(60, 0, (0.08,) * 60))
+    assert decide(PLAN, 0, 0, 10, pause).action != "rollback"
+    many = Evidence(*good, challenger_health=ArmHealth(60, 0, (0.08,) * 55 + (0.7,) * 5),
+                    champion_health=ArmHealth(60, 0, (0.08,) * 60))
+    assert "5 of 60 answers slower" in decide(PLAN, 0, 0, 10, many).reason
     kl_plan = RolloutPlan(steps=(0.1, 1.0), guardrails=Guardrails(max_kl=0.5))
     assert "KL to the champion" in decide(kl_plan, 0, 0, 10, Evidence(*good, kl=0.9)).reason
 
@@ -55,3 +68,10 @@ def test_guardrails_roll_back_whatever_the_reward_says() -> None:
 def test_a_plan_with_bad_steps_is_refused(steps: tuple[float, ...]) -> None:
     with pytest.raises(ValueError, match="must be increasing weights in"):
         RolloutPlan(steps=steps)
+
+
+@pytest.mark.parametrize(("k", "n", "p"), [(0, 10, 0.3), (1, 60, 0.01), (3, 60, 0.01), (7, 20, 0.2),
+                                           (20, 20, 0.5), (5, 4, 0.5)])
+def test_the_binomial_tail_matches_the_exact_sum(k: int, n: int, p: float) -> None:
+    exact = sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+    assert binomial_tail(k, n, p) == pytest.approx(exact, rel=1e-9, abs=1e-15)
