@@ -93,11 +93,14 @@ class FeedbackClient:
             stop=stop_after_attempt(self._max_attempts),
             reraise=True,
         )
-        for attempt in retrying:
-            with attempt:
-                response = self._http.post(path, json=body)
-                if response.status_code in _RETRY_STATUS:
-                    raise _Retryable(response)
+        try:
+            for attempt in retrying:
+                with attempt:
+                    response = self._http.post(path, json=body)
+                    if response.status_code in _RETRY_STATUS:
+                        raise _Retryable(response)
+        except _Retryable as exc:  # still refused after every attempt: the API's answer, as for a 4xx
+            response = exc.response
         if response.status_code >= 400:
             try:
                 payload: Any = response.json()

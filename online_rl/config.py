@@ -373,6 +373,31 @@ class GatewayConfig(BaseModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
 
 
+class LaunchConfig(BaseModel):
+    """`online-rl up`: every component as a local process (see docs/quickstart.md)."""
+
+    run_dir: Path | None = Field(
+        default=None, description="The run's folder: logs, pids, keys, MLflow, checkpoints, rollout state "
+        "and the broker's data. Empty means <cache_dir>/run.",
+    )
+    bus: Literal["auto", "kafka", "embedded"] = Field(
+        default="auto", description="kafka: a local Kafka broker (deploy/local/kafka), or the broker at "
+        "kafka.bootstrap_servers when one is configured; embedded: the SQLite log; auto: kafka when Java "
+        "and the broker script are there, else embedded.",
+    )
+    kafka_port: int = Field(default=9092, ge=1, le=65534, description="Local broker (+1: its controller).")
+    mlflow_port: int = Field(default=5000, ge=1, le=65535, description="The MLflow tracking server and UI.")
+    trainer_metrics_port: int = Field(default=9400, ge=1, le=65535, description="The trainer's /metrics.")
+    ready_timeout_s: float = Field(default=300.0, gt=0, description="How long a component may take to start.")
+    stop_timeout_s: float = Field(
+        default=30.0, gt=0, description="How long `down` waits for a component to exit before killing it."
+    )
+    inference_threads: int = Field(
+        default=0, ge=0, description="CPU threads of the inference replica; 0: half of this machine's cores. "
+        "The trainer gets the rest (unless trainer.cpus_per_worker is set): the two never fight for a core.",
+    )
+
+
 _yaml_data: ContextVar[dict[str, Any] | None] = ContextVar("_yaml_data", default=None)
 
 
@@ -410,6 +435,7 @@ class Settings(BaseSettings):
     ray: RayConfig = Field(default_factory=RayConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -444,6 +470,11 @@ class Settings(BaseSettings):
     def rollout_dir(self) -> Path:
         """Where the rollout controller keeps its state and audit log."""
         return self.gateway.rollout.state_dir or self.cache_dir / "rollout"
+
+    @property
+    def run_dir(self) -> Path:
+        """The folder of `online-rl up`'s run."""
+        return self.launch.run_dir or self.cache_dir / "run"
 
     @property
     def adapters_dir(self) -> Path:

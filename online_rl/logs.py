@@ -31,5 +31,5 @@ def configure_logging(level: int = logging.INFO, fmt: LogFormat = "text") -> Non
     logging.basicConfig(level=level, handlers=[handler], force=True)
     # httpx logs every request at INFO: a line per relayed request in the gateway, and time taken
     # from serving. Their warnings still show.
-    for noisy in ("httpx", "httpcore"):
+    for noisy in ("httpx", "httpx2", "httpcore"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

@@ -46,6 +46,8 @@ def ensure_experiment(client: MlflowClient, name: str, settings: Settings) -> st
     existing = client.get_experiment_by_name(name)
     if existing is not None:
         return str(existing.experiment_id)
+    if settings.mlflow.artifact_root is None and settings.mlflow_tracking_uri.startswith(("http://", "https://")):
+        return str(client.create_experiment(name))  # a tracking server keeps (and serves) the artifacts
     root = settings.mlflow_artifact_root
     if "://" not in root:
         ensure_writable(Path(root))

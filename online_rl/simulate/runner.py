@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
+from online_rl.errors import OnlineRLError
 from online_rl.simulate.population import Population
 
-__all__ = ["PROMPTS", "Served", "SimulationResult", "simulate"]
+__all__ = ["PROMPTS", "Answer", "Served", "SimulationResult", "simulate"]
 
 PROMPTS: tuple[str, ...] = (
     "What is the capital of France?", "Name a primary colour.", "What is 2 + 2?", "Say hello in Spanish.",
@@ -30,6 +33,20 @@ PROMPTS: tuple[str, ...] = (
     "What language is spoken in Brazil?", "What is the freezing point of water in Celsius?",
     "Name a musical instrument with strings.", "What is the square root of 9?", "What colour is the sky?",
 )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer a simulated user got, and what they said of it."""
+
+    at: float  # when the answer came back (time.time())
+    user: str
+    request_id: str
+    version: str
+    score: float  # the preference's score of the text, 0-1 (before noise and silence)
+    reward: float | None = None  # the feedback on the 0-1 scale (thumbs 1/0, rating normalised,
+    #                              pairwise: 1 if this answer won); None: the user said nothing
+    feedback_at: float | None = None
 
 
 @dataclass
@@ -49,29 +66,52 @@ class Served:
 class SimulationResult:
     requests: int = 0
     failed: int = 0
+    feedback_failed: int = 0  # answers whose feedback the API did not take (after its retries)
     versions: dict[str, Served] = field(default_factory=dict)
+    answers: list[Answer] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "failed": self.failed,
+        return {"requests": self.requests, "failed": self.failed, "feedback_failed": self.feedback_failed,
                 "versions": {v: {"answers": s.answers, "mean_score": s.mean_score, "feedback": s.feedback}
                              for v, s in sorted(self.versions.items())}}
 
 
-def simulate(gateway_url: str, feedback_url: str, api_key: str, population: Population, requests: int,
+def _reward(event: dict[str, Any], first: bool) -> float:
+    if event["kind"] == "thumbs":
+        return 1.0 if event["value"] > 0 else 0.0
+    if event["kind"] == "rating":
+        low, high = event["scale"]
+        return (float(event["value"]) - low) / (high - low)
+    return 1.0 if (event["winner"] == "this") == first else 0.0
+
+
+def simulate(gateway_url: str, feedback_url: str, api_key: str, population: Population, requests: int | None,
              prompts: Sequence[str] = PROMPTS, concurrency: int = 4, max_tokens: int = 32,
-             temperature: float = 0.7, progress: Callable[[int], None] | None = None) -> SimulationResult:
-    """Send `requests` prompts from the population (pairwise: two answers per request) and their
-    feedback; `progress(n)` is called as answers come back."""
+             temperature: float = 0.7, progress: Callable[[int], None] | None = None,
+             stop: Callable[[], bool] | None = None,
+             result: SimulationResult | None = None) -> SimulationResult:
+    """Send `requests` prompts from the population (None: until `stop()` says so; pairwise: two answers
+    per request) and their feedback; `progress(n)` is called as answers come back. Pass `result` to
+    watch it fill from another thread (read it under no lock: counters only grow)."""
     import openai
 
     from online_rl.client import FeedbackClient
 
-    if requests < 1 or not prompts:
-        raise ValueError("simulate needs at least one request and one prompt")
+    if (requests is not None and requests < 1) or (requests is None and stop is None) or not prompts:
+        raise ValueError("simulate needs at least one request (or a stop condition) and one prompt")
     llm = openai.OpenAI(base_url=gateway_url.rstrip("/") + "/v1", api_key=api_key, max_retries=2)
     rng = random.Random(population.seed)
-    plan = [(rng.choice(population.ids), rng.choice(list(prompts)), rng.random()) for _ in range(requests)]
-    result, lock = SimulationResult(), threading.Lock()
+    choices = list(prompts)
+
+    def plan() -> Iterator[tuple[str, str, float]]:
+        sent = 0
+        while requests is None or sent < requests:
+            sent += 1
+            yield rng.choice(population.ids), rng.choice(choices), rng.random()
+
+    items, items_lock = plan(), threading.Lock()
+    result = result if result is not None else SimulationResult()
+    lock = threading.Lock()
 
     def ask(user: str, prompt: str) -> tuple[str, str, str]:
         raw = llm.chat.completions.with_raw_response.create(
@@ -90,22 +130,43 @@ def simulate(gateway_url: str, feedback_url: str, api_key: str, population: Popu
                 result.requests += 1
                 result.failed += 1
             return
+        answered_at = time.time()
         events = population.judge(user, prompt, [(rid, text) for rid, text, _ in asked], random.Random(draw))
-        for event in events:
-            feedback.send(event)
+        try:
+            for event in events:
+                feedback.send(event)
+        except (OnlineRLError, httpx.HTTPError):
+            with lock:
+                result.feedback_failed += 1
+            events = []
+        sent_at = time.time() if events else None
         with lock:
             result.requests += 1
-            for _, text, version in asked:
+            for index, (request_id, text, version) in enumerate(asked):
+                score = population.preference.score(prompt, text)
                 served = result.versions.setdefault(version, Served())
                 served.answers += 1
-                served.score_total += population.preference.score(prompt, text)
+                served.score_total += score
+                reward = _reward(events[0], index == 0) if events else None
+                result.answers.append(Answer(answered_at, user, request_id, version, score, reward, sent_at))
             if events:
                 result.versions[asked[0][2]].feedback += len(events)
         if progress is not None:
             progress(1)
 
-    with FeedbackClient(feedback_url, api_key) as feedback, ThreadPoolExecutor(concurrency) as pool:
-        for done in pool.map(lambda item: one(item, feedback), plan):
-            del done
+    def worker(feedback: FeedbackClient) -> None:
+        while stop is None or not stop():
+            with items_lock:
+                item = next(items, None)
+            if item is None:
+                return
+            one(item, feedback)
+
+    with FeedbackClient(feedback_url, api_key) as feedback:
+        threads = [threading.Thread(target=worker, args=(feedback,), daemon=True) for _ in range(concurrency)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     llm.close()
     return result

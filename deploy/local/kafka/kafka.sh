@@ -9,6 +9,8 @@
 #                         (default: broker port + 1)
 #   ORL_KAFKA_HOME        state folder: jars, config, data, log, pid (default $ORL_CACHE_DIR/kafka,
 #                         that is ~/.cache/online-rl/kafka)
+#   ORL_KAFKA_RUN         this broker's folder: config, data, log, pid (default $ORL_KAFKA_HOME/run-<port>;
+#                         `online-rl up` puts it in its run folder so a fresh run starts with empty topics)
 #   ORL_KAFKA_HEAP        JVM heap (default 512m)
 #   ORL_KAFKA_START_TIMEOUT  seconds to wait for the broker to answer (default 90)
 set -euo pipefail
@@ -18,7 +20,7 @@ port=${ORL_KAFKA_PORT:-9092}
 cport=${ORL_KAFKA_CONTROLLER_PORT:-$((port + 1))}
 home=${ORL_KAFKA_HOME:-${ORL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/online-rl}/kafka}
 libs=$home/libs
-run=$home/run-$port
+run=${ORL_KAFKA_RUN:-$home/run-$port}
 data=$run/data
 pidfile=$run/broker.pid
 logfile=$run/broker.log

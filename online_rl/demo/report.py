@@ -1,0 +1,328 @@
+"""The demo's report: what the users said of each version over time, what the canary decided, what
+MLflow holds, how fresh the served model was, and whether general ability held.
+
+`build_report` is pure (the run's records in, a JSON-able dict out); `write_report` renders it as
+`report.json`, `report.md` and `reward.png`. The reward is the users' feedback on the 0-1 scale
+(thumbs: the share of thumbs up; ratings normalised), with their noise, as the canary saw it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from online_rl.simulate import Answer
+
+__all__ = ["ABILITY_PROMPTS", "AbilityAnswer", "build_report", "correct", "write_report"]
+
+# Fixed factual prompts outside the simulated users' prompt set, each with the words a correct answer
+# contains; the base model answers every one of them correctly at temperature 0.
+ABILITY_PROMPTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("What is the capital of Japan?", ("tokyo",)),
+    ("What is the capital of Germany?", ("berlin",)),
+    ("How many hours are in a day?", ("24", "twenty-four")),
+    ("What is the chemical symbol for water?", ("h2o",)),
+    ("Who painted the Mona Lisa?", ("leonardo", "da vinci")),
+    ("What is the tallest mountain in the world?", ("everest",)),
+    ("Which ocean lies between Europe and America?", ("atlantic",)),
+    ("How many sides does a triangle have?", ("3", "three")),
+)
+
+
+@dataclass(frozen=True)
+class AbilityAnswer:
+    model: str
+    prompt: str
+    answer: str
+    correct: bool
+
+
+def correct(answer: str, accepted: Sequence[str]) -> bool:
+    text = answer.lower()
+    return any(word in text for word in accepted)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def build_report(
+    answers: Sequence[Answer],
+    history: Sequence[dict[str, Any]],
+    versions: Sequence[dict[str, Any]],
+    trained_on: dict[str, set[str]],
+    ability: Sequence[AbilityAnswer],
+    base_model: str,
+    registered: str,
+    meta: dict[str, Any],
+    bucket_s: float = 60.0,
+) -> dict[str, Any]:
+    """The report (see the module docstring). `history`: the gateway's rollout decisions; `versions`:
+    MLflow's versions (`version`, `aliases`, `tags`, `created_at`); `trained_on`: per version number,
+    the request ids of the feedback its training samples carried."""
+    start = min((a.at for a in answers), default=meta.get("started_at", 0.0))
+
+    def name(version: str) -> str:
+        return f"{registered}-v{version}"
+
+    promotions = [e for e in history if e["action"] == "promote"]
+    rated = [a for a in answers if a.reward is not None]
+    base = [float(a.reward) for a in rated if a.version == base_model]  # type: ignore[arg-type]
+    final: dict[str, Any] = {"version": None, "since": None, "answers": 0}
+    final_rewards: list[float] = []
+    if promotions:
+        last = promotions[-1]
+        final_rewards = [float(a.reward) for a in rated  # type: ignore[arg-type]
+                         if a.version == name(last["version"]) and a.at >= last["at"]]
+        final = {"version": name(last["version"]), "since": last["at"] - start, "answers": len(final_rewards)}
+    base_reward, final_reward = _mean(base), _mean(final_rewards)
+
+    # Reward per version over time (buckets of `bucket_s` seconds from the first answer).
+    cells: dict[tuple[int, str], list[float]] = defaultdict(list)
+    overall: dict[int, list[float]] = defaultdict(list)
+    for a in rated:
+        bucket = int((a.at - start) // bucket_s)
+        cells[(bucket, a.version)].append(float(a.reward))  # type: ignore[arg-type]
+        overall[bucket].append(float(a.reward))  # type: ignore[arg-type]
+    served_versions = sorted({a.version for a in answers}, key=lambda v: (v != base_model, len(v), v))
+    timeline = [
+        {
+            "bucket": b,
+            "start_s": b * bucket_s,
+            "served_reward": _round(_mean(overall[b])),
+            "feedback": len(overall[b]),
+            "versions": {
+                v: {"reward": _round(_mean(cells[(b, v)])), "feedback": len(cells[(b, v)])}
+                for v in served_versions
+                if cells.get((b, v))
+            },
+        }
+        for b in sorted(overall)
+    ]
+
+    # Freshness: from the newest feedback a version was trained on to that version serving traffic.
+    sent_at = {a.request_id: a.feedback_at for a in answers if a.feedback_at is not None}
+    first_served: dict[str, float] = {}
+    for entry in history:
+        if entry["action"] == "start":
+            first_served.setdefault(str(entry["version"]), entry["at"])
+    freshness: dict[str, float] = {}
+    for version, requests in trained_on.items():
+        times = [sent_at[r] for r in requests if r in sent_at]
+        if times and version in first_served:
+            freshness[name(version)] = round(first_served[version] - max(times), 1)
+
+    per_version = {}
+    for v in served_versions:
+        mine = [a for a in answers if a.version == v]
+        rewards = [float(a.reward) for a in mine if a.reward is not None]
+        per_version[v] = {
+            "answers": len(mine),
+            "feedback": len(rewards),
+            "reward": _round(_mean(rewards)),
+            "taste_score": _round(_mean([a.score for a in mine])),
+        }
+    ability_by_model: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"correct": 0, "asked": 0, "answers": []}
+    )
+    for item in ability:
+        entry = ability_by_model[item.model]
+        entry["asked"] += 1
+        entry["correct"] += int(item.correct)
+        entry["answers"].append({"prompt": item.prompt, "answer": item.answer, "correct": item.correct})
+    base_correct = ability_by_model.get(base_model, {}).get("correct", 0)
+    final_correct = ability_by_model.get(final["version"], {}).get("correct") if final["version"] else None
+    gain = None if final_reward is None or base_reward is None else _round(final_reward - base_reward)
+    return {
+        "base_reward": _round(base_reward),
+        "final_reward": _round(final_reward),
+        "reward_gain": gain,
+        "promoted_versions": [name(e["version"]) for e in promotions],
+        "freshness_s": statistics.median(freshness.values()) if freshness else None,
+        "freshness_s_by_version": freshness,
+        "final": final,
+        "base_feedback": len(base),
+        "ability": {
+            "base": base_correct,
+            "final": final_correct,
+            "asked": len(ABILITY_PROMPTS),
+            "collapsed": final_correct is not None and final_correct < base_correct - 1,
+            "models": dict(ability_by_model),
+        },
+        "versions": per_version,
+        "timeline": timeline,
+        "decisions": [
+            {
+                "t_s": round(e["at"] - start, 1),
+                "version": name(str(e["version"])),
+                "action": e["action"],
+                "weight": e.get("weight"),
+                "reason": e.get("reason", ""),
+                "actor": e.get("actor"),
+            }
+            for e in history
+        ],
+        "mlflow_versions": [dict(v) for v in versions],
+        "meta": {**meta, "bucket_s": bucket_s},
+    }
+
+
+def _plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bucket = report["meta"]["bucket_s"]
+    fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
+    series: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for row in report["timeline"]:
+        for version, cell in row["versions"].items():
+            if cell["reward"] is not None and cell["feedback"] >= 3:
+                series[version][0].append((row["start_s"] + bucket / 2) / 60)
+                series[version][1].append(cell["reward"])
+    for version, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", linewidth=1.2, markersize=3.5, label=version, alpha=0.85)
+    xs = [(r["start_s"] + bucket / 2) / 60 for r in report["timeline"] if r["served_reward"] is not None]
+    ys = [r["served_reward"] for r in report["timeline"] if r["served_reward"] is not None]
+    ax.plot(xs, ys, color="black", linewidth=2.4, label="all traffic")
+    for decision in report["decisions"]:
+        if decision["action"] in ("promote", "rollback"):
+            colour = "tab:green" if decision["action"] == "promote" else "tab:red"
+            ax.axvline(decision["t_s"] / 60, color=colour, linestyle="--", linewidth=1)
+            ax.text(
+                decision["t_s"] / 60,
+                1.02,
+                f"{decision['action']} {decision['version'].rsplit('-', 1)[-1]}",
+                rotation=90,
+                fontsize=7,
+                color=colour,
+                va="bottom",
+                ha="center",
+            )
+    if report["base_reward"] is not None:
+        ax.axhline(report["base_reward"], color="grey", linestyle=":", linewidth=1, label="base model")
+    ax.set_ylim(0, 1.0)
+    ax.set_xlabel("minutes since the first request")
+    ax.set_ylabel(f"reward (users' feedback, 0-1; per {bucket:.0f}s)")
+    ax.set_title(f"Served reward per version — {report['meta'].get('preference', '')}", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _markdown(report: dict[str, Any], image: str) -> str:
+    meta = report["meta"]
+    ability = report["ability"]
+    fresh_text = "—" if report["freshness_s"] is None else f"{report['freshness_s']:.0f} s"
+    fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
+    lines = [
+        "# online-rl demo report",
+        "",
+        f"Users: {meta.get('users')} simulated, taste `{meta.get('preference')}`, {meta.get('kind')}, "
+        f"noise {meta.get('noise')}, silent {meta.get('silent')}; {meta.get('requests')} requests in "
+        f"{meta.get('duration_s', 0) / 60:.1f} min.",
+        "",
+        f"![reward per version]({image})",
+        "",
+        "| | value |",
+        "|---|---|",
+        f"| base model's reward | {fmt(report['base_reward'])} ({report['base_feedback']} feedback) |",
+        f"| final reward (after the last promotion, {report['final']['version'] or '—'}) | "
+        f"{fmt(report['final_reward'])} ({report['final']['answers']} feedback) |",
+        f"| gain | {fmt(report['reward_gain'])} |",
+        f"| promoted through the canary | {', '.join(report['promoted_versions']) or 'none'} |",
+        f"| freshness (feedback → a version trained on it serving), median | "
+        f"{fresh_text} |",
+        f"| general ability (fixed factual prompts correct) | base {ability['base']}/{ability['asked']}, "
+        f"final {'—' if ability['final'] is None else ability['final']}/{ability['asked']}"
+        f"{' — COLLAPSED' if ability['collapsed'] else ''} |",
+        "",
+        "## Reward per version over time",
+        "",
+    ]
+    versions = list(report["versions"])
+    lines += ["| minute | all traffic | " + " | ".join(versions) + " |", "|---|---|" + "---|" * len(versions)]
+    for row in report["timeline"]:
+        cells = []
+        for v in versions:
+            cell = row["versions"].get(v)
+            cells.append(f"{cell['reward']:.2f} ({cell['feedback']})" if cell else "")
+        lines.append(
+            f"| {row['start_s'] / 60:.0f} | {fmt(row['served_reward'])} ({row['feedback']}) | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += [
+        "",
+        "## Versions served",
+        "",
+        "| version | answers | feedback | reward | taste score (no noise) |",
+        "|---|---|---|---|---|",
+    ]
+    for v, s in report["versions"].items():
+        lines.append(
+            f"| {v} | {s['answers']} | {s['feedback']} | {fmt(s['reward'])} | {fmt(s['taste_score'])} |"
+        )
+    lines += [
+        "",
+        "## Rollout decisions (the canary gateway)",
+        "",
+        "| t | version | action | reason |",
+        "|---|---|---|---|",
+    ]
+    for d in report["decisions"]:
+        lines.append(f"| {d['t_s'] / 60:.1f} min | {d['version']} | {d['action']} | {d['reason']} |")
+    lines += [
+        "",
+        "## MLflow versions",
+        "",
+        "| version | aliases | rollout status | freshness |",
+        "|---|---|---|---|",
+    ]
+    fresh = report["freshness_s_by_version"]
+    for v in report["mlflow_versions"]:
+        served = f"{meta.get('registered')}-v{v['version']}"
+        lines.append(
+            f"| {v['version']} | {', '.join(v['aliases']) or ''} | {v['tags'].get('rollout.status', '')} | "
+            f"{'' if served not in fresh else f'{fresh[served]:.0f} s'} |"
+        )
+    lines += ["", "## General ability", ""]
+    for model, entry in report["ability"]["models"].items():
+        lines.append(f"**{model}**: {entry['correct']}/{entry['asked']} correct")
+        lines.append("")
+        for item in entry["answers"]:
+            mark = "✓" if item["correct"] else "✗"
+            lines.append(f"- {mark} {item['prompt']} — {item['answer'].strip()[:120]!r}")
+        lines.append("")
+    lines += [
+        "## Look around",
+        "",
+        f"- MLflow UI (versions, aliases, lineage, training runs): {meta.get('mlflow_url')}",
+        f"- the rollout page: {meta.get('gateway_url')}/rollout/ui "
+        f"(the admin key in {meta.get('keys_file')})",
+        "- `.venv/bin/online-rl status`; stop everything with `.venv/bin/online-rl down`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], folder: Path) -> dict[str, Path]:
+    """report.json, report.md and reward.png in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"json": folder / "report.json", "markdown": folder / "report.md", "plot": folder / "reward.png"}
+    paths["json"].write_text(json.dumps(report, indent=2, default=str))
+    _plot(report, paths["plot"])
+    paths["markdown"].write_text(_markdown(report, paths["plot"].name))
+    return paths

@@ -1,0 +1,269 @@
+"""`online-rl demo`: simulated users on the running loop until a version is promoted and measured, then
+the report.
+
+Needs the loop up (`online-rl up`). The population talks to the gateway and the feedback API with the
+run's user key; this process watches the rollout (admin key) and stops when the last promoted
+version has served `measure` answers with feedback since its promotion, or when the time budget is
+spent. Then it gathers the gateway's decisions, MLflow's versions, the samples each version was
+trained on (from the bus, through the version's lineage offsets) and a general-ability check (fixed
+factual prompts, temperature 0, asked of the base model and the final champion on the replica), and
+writes the report (`report.write_report`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from online_rl.config import Settings
+from online_rl.demo.report import ABILITY_PROMPTS, AbilityAnswer, build_report, correct, write_report
+from online_rl.errors import OnlineRLError
+from online_rl.launch import read_keys, read_state, status
+from online_rl.simulate import PROMPTS, Population, SimulationResult, load_preference, simulate
+
+__all__ = ["DemoError", "run_demo"]
+
+
+class DemoError(OnlineRLError):
+    """The demo cannot run (the loop is not up, or a component is not ready)."""
+
+
+def _wired(settings: Settings, wiring: dict[str, Any]) -> Settings:
+    """The settings as the launched components see them (MLflow server, bus)."""
+    mlflow = settings.mlflow.model_copy(update={"tracking_uri": wiring["mlflow_url"]})
+    update: dict[str, Any] = {"mlflow": mlflow}
+    if wiring.get("bootstrap"):
+        update["kafka"] = settings.kafka.model_copy(update={"bootstrap_servers": wiring["bootstrap"]})
+    else:
+        update["bus"] = settings.bus.model_copy(
+            update={"embedded_path": Path(wiring["run_dir"]) / "bus" / "bus.db"}
+        )
+    return settings.model_copy(update=update)
+
+
+def _offsets(tag: str) -> dict[int, tuple[int, int]]:
+    """'orl.samples/0:0-37;orl.samples/1:...' -> {partition: (first, end)}."""
+    out = {}
+    for part in filter(None, tag.split(";")):
+        where, _, span = part.rpartition(":")
+        first, _, end = span.partition("-")
+        out[int(where.rsplit("/", 1)[1])] = (int(first), int(end))
+    return out
+
+
+def _trained_on(settings: Settings, versions: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Per version, the request ids behind the samples in its lineage offset ranges."""
+    from online_rl.bus import open_bus
+    from online_rl.bus.topics import Topics
+    from online_rl.events import DecodeError, TrainingSample, decode
+
+    ranges = {v["version"]: _offsets(v["tags"].get("offsets", "")) for v in versions}
+    out: dict[str, set[str]] = {v: set() for v in ranges}
+    bus = open_bus(settings)
+    try:
+        for record in bus.read_all(Topics(settings.bus.topic_prefix).samples):
+            owners = [
+                v
+                for v, spans in ranges.items()
+                if record.partition in spans
+                and spans[record.partition][0] <= record.offset < spans[record.partition][1]
+            ]
+            if not owners or record.value is None:
+                continue
+            try:
+                sample = decode(record.value, TrainingSample)
+            except DecodeError:
+                continue
+            ids = {c.request_id for c in (sample.completion, sample.chosen, sample.rejected) if c is not None}
+            for v in owners:
+                out[v] |= ids
+    finally:
+        bus.close()
+    return out
+
+
+def _ability(inference_url: str, key: str, models: list[str]) -> list[AbilityAnswer]:
+    out = []
+    with httpx.Client(
+        base_url=inference_url, headers={"Authorization": f"Bearer {key}"}, timeout=120
+    ) as http:
+        for model in models:
+            for prompt, accepted in ABILITY_PROMPTS:
+                response = http.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": model,
+                        "temperature": 0,
+                        "max_tokens": 48,
+                        "messages": [{"role": "user", "content": prompt}],
+                    },
+                )
+                response.raise_for_status()
+                text = response.json()["choices"][0]["message"]["content"] or ""
+                out.append(AbilityAnswer(model, prompt, text, correct(text, accepted)))
+    return out
+
+
+def _mlflow_versions(settings: Settings) -> list[dict[str, Any]]:
+    from online_rl.tracking import mlflow_client
+
+    client = mlflow_client(settings)
+    found = client.search_model_versions(f"name='{settings.mlflow.registered_model}'")
+    return sorted(
+        (
+            {
+                "version": str(v.version),
+                "aliases": sorted(v.aliases or []),
+                "tags": dict(v.tags or {}),
+                "created_at": v.creation_timestamp / 1000,
+            }
+            for v in found
+        ),
+        key=lambda v: int(v["version"]),
+    )
+
+
+def run_demo(
+    settings: Settings,
+    out_dir: Path,
+    preference: str = "length:12",
+    kind: str = "thumbs",
+    users: int = 100,
+    silent: float = 0.1,
+    noise: float = 0.1,
+    budget_s: float = 1500.0,
+    measure: int = 150,
+    concurrency: int = 8,
+    max_tokens: int = 48,
+    temperature: float = 0.7,
+    seed: int = 0,
+    show: bool = True,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the simulated users on the running loop, then write and return the report."""
+    state = read_state(settings.run_dir)
+    wiring, components = status(settings)
+    if state is None or wiring is None:
+        raise DemoError(f"the loop is not up (no run in {settings.run_dir}); start it with `online-rl up`")
+    down = [c.name for c in components if c.state != "ready"]
+    if down:
+        raise DemoError(
+            f"not every component is ready ({', '.join(down)}); see `online-rl status` and the logs "
+            f"in {settings.run_dir / 'logs'}"
+        )
+    keys = read_keys(settings.run_dir)
+    wired = _wired(settings, wiring)
+    population = Population(load_preference(preference), users, silent, noise, kind, seed)  # type: ignore[arg-type]
+    registered, base_model = settings.mlflow.registered_model, settings.model.name
+    admin = httpx.Client(
+        base_url=wiring["gateway_url"], headers={"Authorization": f"Bearer {keys.admin}"}, timeout=10
+    )
+    result, stop = SimulationResult(), threading.Event()
+    started = time.time()
+    worker = threading.Thread(
+        target=simulate,
+        daemon=True,
+        kwargs=dict(
+            gateway_url=wiring["gateway_url"],
+            feedback_url=wiring["feedback_url"],
+            api_key=keys.user,
+            population=population,
+            requests=None,
+            prompts=PROMPTS,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop.is_set,
+            result=result,
+        ),
+    )
+    worker.start()
+    history: list[dict[str, Any]] = []
+    measured = 0
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[note]}"),
+    )
+    try:
+        with Progress(*columns, disable=not show, refresh_per_second=2) as bars:
+            budget = bars.add_task("time budget (s)     ", total=budget_s, note="")
+            after = bars.add_task("after a promotion   ", total=measure, note="waiting for a promotion")
+            while time.time() - started < budget_s and worker.is_alive():
+                time.sleep(2.0)
+                try:
+                    history = admin.get("/rollout/history").json()["entries"]
+                    now = admin.get("/rollout").json()
+                except (httpx.HTTPError, ValueError, KeyError):
+                    continue
+                promotions = [e for e in history if e["action"] == "promote"]
+                if promotions:
+                    last = promotions[-1]
+                    name = f"{registered}-v{last['version']}"
+                    measured = sum(
+                        1
+                        for a in list(result.answers)
+                        if a.version == name and a.at >= last["at"] and a.reward is not None
+                    )
+                    bars.update(after, completed=min(measured, measure), note=f"{name} promoted")
+                rollout = now.get("rollout") or {}
+                arm_note = (
+                    f"v{rollout.get('challenger')} {rollout.get('status')} at {rollout.get('weight', 0):.0%}"
+                    if rollout
+                    else "no rollout yet"
+                )
+                rewards = [a.reward for a in result.answers[-200:] if a.reward is not None]
+                recent = f"{sum(rewards) / len(rewards):.2f}" if rewards else "—"
+                bars.update(
+                    budget,
+                    completed=time.time() - started,
+                    note=f"{result.requests} answers · reward (last 200) {recent} · {arm_note}",
+                )
+                if promotions and measured >= measure:
+                    break
+    finally:
+        stop.set()
+        worker.join(timeout=600)
+        admin.close()
+    ended = time.time()
+    echo("gathering the report: rollout decisions, MLflow versions, training lineage, general ability ...")
+    with httpx.Client(
+        base_url=wiring["gateway_url"], headers={"Authorization": f"Bearer {keys.admin}"}, timeout=10
+    ) as http:
+        history = http.get("/rollout/history").json()["entries"]
+    versions = _mlflow_versions(wired)
+    trained_on = _trained_on(wired, versions)
+    promoted = [f"{registered}-v{e['version']}" for e in history if e["action"] == "promote"]
+    ability = _ability(wiring["inference_url"], keys.admin, [base_model, *promoted[-1:]])
+    meta = {
+        "preference": population.preference.name,
+        "kind": kind,
+        "users": users,
+        "silent": silent,
+        "noise": noise,
+        "requests": result.requests,
+        "failed": result.failed,
+        "feedback_failed": result.feedback_failed,
+        "started_at": started,
+        "duration_s": round(ended - started, 1),
+        "budget_s": budget_s,
+        "measure": measure,
+        "registered": registered,
+        "base_model": base_model,
+        "mlflow_url": wiring["mlflow_url"],
+        "gateway_url": wiring["gateway_url"],
+        "keys_file": str(settings.run_dir / "keys.json"),
+    }
+    report = build_report(
+        result.answers, history, versions, trained_on, ability, base_model, registered, meta
+    )
+    write_report(report, out_dir)
+    return report

@@ -1,0 +1,27 @@
+"""The local launcher: every component of the loop as a local process (`online-rl up/down/status`)."""
+
+from online_rl.launch.components import Component, Wiring, plan
+from online_rl.launch.supervisor import (
+    ComponentStatus,
+    LaunchError,
+    RunKeys,
+    down,
+    read_keys,
+    read_state,
+    status,
+    up,
+)
+
+__all__ = [
+    "Component",
+    "ComponentStatus",
+    "LaunchError",
+    "RunKeys",
+    "Wiring",
+    "down",
+    "plan",
+    "read_keys",
+    "read_state",
+    "status",
+    "up",
+]

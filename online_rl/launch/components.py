@@ -1,0 +1,186 @@
+"""What `online-rl up` starts: every component of the loop as a local process, in dependency order.
+
+`plan(settings, ...)` turns the settings into a list of `Component`s — the command, the environment
+that wires it to the others (bus, MLflow server, API keys, folders inside the run folder), the ports
+it will listen on and how to tell it is ready. Pure: nothing is started here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from online_rl.config import Settings
+
+__all__ = ["KAFKA_SCRIPT", "Component", "Wiring", "bus_kind", "plan"]
+
+KAFKA_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local" / "kafka" / "kafka.sh"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One process of the loop."""
+
+    name: str
+    argv: list[str]
+    ports: dict[int, str]  # port -> the setting that moves it (for a clear message when it is taken)
+    ready_url: str | None = None  # answers 200 once the component is ready; None: alive is ready
+    url: str | None = None  # what `status` shows
+    env: dict[str, str] = field(default_factory=dict)
+    settle_s: float = 2.0  # without a ready URL: alive this long counts as started
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """How the components find each other, written to the run folder for `status` and the demo."""
+
+    run_dir: Path
+    bus: str  # "kafka" or "embedded"
+    bootstrap: str | None
+    start_broker: bool
+    mlflow_url: str
+    inference_url: str
+    feedback_url: str
+    gateway_url: str
+    trainer_metrics_url: str
+    env: dict[str, str]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "run_dir": str(self.run_dir),
+            "bus": self.bus,
+            "bootstrap": self.bootstrap,
+            "start_broker": self.start_broker,
+            "mlflow_url": self.mlflow_url,
+            "inference_url": self.inference_url,
+            "feedback_url": self.feedback_url,
+            "gateway_url": self.gateway_url,
+            "trainer_metrics_url": self.trainer_metrics_url,
+        }
+
+
+def bus_kind(settings: Settings) -> tuple[str, bool]:
+    """("kafka" | "embedded", whether `up` starts the local broker)."""
+    if settings.kafka.bootstrap_servers:
+        return "kafka", False
+    choice = settings.launch.bus
+    if choice == "auto":
+        choice = "kafka" if KAFKA_SCRIPT.exists() and shutil.which("java") else "embedded"
+    return choice, choice == "kafka"
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "online_rl.cli", *args]
+
+
+def plan(
+    settings: Settings, config_file: Path | None, keys_file: Path, upstream_key: str
+) -> tuple[Wiring, list[Component]]:
+    """The wiring and the components, in start order (`down` stops them in reverse)."""
+    launch, run = settings.launch, settings.run_dir
+    bus, start_broker = bus_kind(settings)
+    local = f"127.0.0.1:{launch.kafka_port}" if bus == "kafka" else None
+    bootstrap = settings.kafka.bootstrap_servers or local
+    mlflow_url = f"http://127.0.0.1:{launch.mlflow_port}"
+    inference_url = f"http://127.0.0.1:{settings.inference.port}"
+    feedback_url = f"http://127.0.0.1:{settings.feedback_api.port}"
+    gateway_url = f"http://127.0.0.1:{settings.gateway.port}"
+    metrics_url = f"http://127.0.0.1:{launch.trainer_metrics_port}"
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "ORL_MLFLOW__TRACKING_URI": mlflow_url,
+        "ORL_TRAINER__CHECKPOINT_DIR": str(run / "trainer" / "checkpoints"),
+        "ORL_GATEWAY__ROLLOUT__STATE_DIR": str(run / "rollout"),
+        "ORL_INFERENCE__ADAPTERS_DIR": str(run / "adapters"),
+        "ORL_FEEDBACK_API__API_KEYS_FILE": str(keys_file),
+        "ORL_INFERENCE__API_KEYS_FILE": str(keys_file),
+        "ORL_GATEWAY__API_KEYS_FILE": str(keys_file),
+        "ORL_GATEWAY__UPSTREAM_API_KEY": upstream_key,
+        "ORL_GATEWAY__REPLICAS": json.dumps([inference_url]),
+    }
+    if config_file is not None:
+        env["ORL_CONFIG"] = str(config_file)
+    if bootstrap:
+        env["ORL_KAFKA__BOOTSTRAP_SERVERS"] = bootstrap
+    else:
+        env["ORL_BUS__EMBEDDED_PATH"] = str(run / "bus" / "bus.db")
+    cores = os.cpu_count() or 2
+    inference_threads = launch.inference_threads or max(1, cores // 2)
+    trainer_threads = settings.trainer.cpus_per_worker or max(1, cores - inference_threads)
+    env["OMP_NUM_THREADS"] = "1"  # the light components; the two heavy ones get theirs below
+    wiring = Wiring(
+        run,
+        bus,
+        bootstrap,
+        start_broker,
+        mlflow_url,
+        inference_url,
+        feedback_url,
+        gateway_url,
+        metrics_url,
+        env,
+    )
+    mlflow_dir = run / "mlflow"
+    components = [
+        Component(
+            "mlflow",
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(launch.mlflow_port),
+                "--workers",
+                "1",
+                "--backend-store-uri",
+                f"sqlite:///{mlflow_dir / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(mlflow_dir / "artifacts"),
+            ],
+            {launch.mlflow_port: "launch.mlflow_port"},
+            f"{mlflow_url}/health",
+            mlflow_url,
+        ),
+        Component(
+            "inference",
+            _cli("serve", "inference"),
+            {settings.inference.port: "inference.port"},
+            f"{inference_url}/readyz",
+            f"{inference_url}/v1",
+            {"OMP_NUM_THREADS": str(inference_threads)},
+        ),
+        Component(
+            "feedback",
+            _cli("serve", "feedback"),
+            {settings.feedback_api.port: "feedback_api.port"},
+            f"{feedback_url}/readyz",
+            f"{feedback_url}/v1/feedback",
+        ),
+        Component("joiner", _cli("join"), {}),
+        Component(
+            "trainer",
+            _cli("trainer", "--metrics-port", str(launch.trainer_metrics_port)),
+            {launch.trainer_metrics_port: "launch.trainer_metrics_port"},
+            f"{metrics_url}/metrics",
+            f"{metrics_url}/metrics",
+            {
+                "OMP_NUM_THREADS": str(int(trainer_threads)),
+                "ORL_TRAINER__CPUS_PER_WORKER": str(trainer_threads),
+            },
+        ),
+        Component(
+            "gateway",
+            _cli("serve", "gateway"),
+            {settings.gateway.port: "gateway.port"},
+            f"{gateway_url}/readyz",
+            f"{gateway_url}/rollout/ui",
+        ),
+    ]
+    return wiring, components

@@ -1,0 +1,77 @@
+"""The demo report's figures from a run's records: base and final reward, promotions, freshness."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from online_rl.demo import AbilityAnswer, build_report, write_report
+from online_rl.demo.report import ABILITY_PROMPTS
+from online_rl.simulate import Answer
+
+BASE, REG = "SmolLM2-135M-Instruct", "online-rl-policy"
+
+
+def _answers() -> list[Answer]:
+    out = []
+    # 0-100 s: the base model, liked 3 times in 10; 100-200 s: v1 on half the users, liked 8 in 10;
+    # after its promotion at 200 s: v1 for everyone, liked 9 in 10 (one silent user in 10).
+    for i in range(100):
+        out.append(Answer(1000 + i, f"u{i % 7}", f"b{i}", BASE, 0.3, float(i % 10 < 3), 1000.5 + i))
+    for i in range(100):
+        version = f"{REG}-v1" if i % 2 else BASE
+        out.append(Answer(1100 + i, f"u{i % 7}", f"m{i}", version, 0.5, float(i // 2 % 10 < (8 if i % 2 else 3)),
+                          1100.5 + i))
+    for i in range(100):
+        out.append(Answer(1200 + i, f"u{i % 7}", f"a{i}", f"{REG}-v1", 0.9, None if i % 10 == 9 else 1.0,
+                          None if i % 10 == 9 else 1200.5 + i))
+    return out
+
+
+HISTORY = [
+    {"at": 1100.0, "version": "1", "action": "start", "reason": "rollout of version 1 at 50%", "weight": 0.5},
+    {"at": 1200.0, "version": "1", "action": "promote", "reason": "no worse", "weight": 1.0},
+    {"at": 1250.0, "version": "2", "action": "start", "reason": "rollout of version 2 at 50%", "weight": 0.5},
+    {"at": 1280.0, "version": "2", "action": "rollback", "reason": "challenger worse", "weight": 0.0},
+]
+VERSIONS = [{"version": "1", "aliases": ["champion"], "tags": {"rollout.status": "promoted"}, "created_at": 1095.0},
+            {"version": "2", "aliases": [], "tags": {"rollout.status": "rolled_back"}, "created_at": 1245.0}]
+
+
+def test_the_report_measures_base_final_promotions_and_freshness(tmp_path: Path) -> None:
+    ability = [AbilityAnswer(model, prompt, "Tokyo" if i else "no idea", bool(i))
+               for model in (BASE, f"{REG}-v1") for i, (prompt, _) in enumerate(ABILITY_PROMPTS)]
+    # v1 trained on feedback up to request b79 (sent at 1079.5); it began serving at 1100; v2 on m40
+    # (sent 1140.5), serving at 1250.
+    trained = {"1": {"b3", "b79"}, "2": {"m40", "unknown"}}
+    report = build_report(_answers(), HISTORY, VERSIONS, trained, ability, BASE, REG,
+                          {"preference": "length:12", "registered": REG}, bucket_s=50)
+    assert report["base_reward"] == 0.3  # 100 + 50 base answers, 30 % liked
+    assert report["final_reward"] == 1.0 and report["final"]["answers"] == 90  # after the promotion, v1 only
+    assert report["reward_gain"] == 0.7
+    assert report["promoted_versions"] == [f"{REG}-v1"]
+    assert report["freshness_s_by_version"] == {f"{REG}-v1": 20.5, f"{REG}-v2": 109.5}
+    assert report["freshness_s"] == 65.0
+    assert report["ability"] == {**report["ability"], "base": 7, "final": 7, "asked": 8, "collapsed": False}
+    assert [d["action"] for d in report["decisions"]] == ["start", "promote", "start", "rollback"]
+    first = report["timeline"][0]
+    assert first["start_s"] == 0 and first["versions"] == {BASE: {"reward": 0.3, "feedback": 50}}
+
+    paths = write_report(report, tmp_path)
+    assert json.loads(paths["json"].read_text())["final_reward"] == 1.0
+    assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = paths["markdown"].read_text()
+    assert "| base model's reward | 0.300 (150 feedback) |" in markdown
+    assert f"| promoted through the canary | {REG}-v1 |" in markdown
+    assert "rollback | challenger worse" in markdown
+
+
+def test_without_a_promotion_there_is_no_final_reward_and_a_collapse_is_flagged() -> None:
+    answers = [a for a in _answers() if a.at < 1100]
+    ability = [AbilityAnswer(BASE, p, "x", True) for p, _ in ABILITY_PROMPTS]
+    report = build_report(answers, HISTORY[:1], VERSIONS[:1], {}, ability, BASE, REG, {}, bucket_s=50)
+    assert report["final_reward"] is None and report["reward_gain"] is None
+    assert report["promoted_versions"] == [] and report["freshness_s"] is None
+    collapsed = ability + [AbilityAnswer(f"{REG}-v1", p, "x", i < 2) for i, (p, _) in enumerate(ABILITY_PROMPTS)]
+    report = build_report(_answers(), HISTORY, VERSIONS, {}, collapsed, BASE, REG, {}, bucket_s=50)
+    assert report["ability"]["final"] == 2 and report["ability"]["collapsed"] is True

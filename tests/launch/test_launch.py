@@ -1,0 +1,174 @@
+"""`online-rl up / status / down` and `online-rl demo` on real processes: MLflow's server, the inference
+replica (transformers, tiny model), the feedback API, the joiner, the trainer (Ray) and the gateway, on
+the suite's real Kafka broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from online_rl.config import Settings, load_settings
+from online_rl.launch import LaunchError, down, read_keys, read_state, status, up
+from tests.conftest import TINY_NAME
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(root: Path, model: Path, bootstrap: str | None) -> tuple[Settings, Path]:
+    data = {
+        "cache_dir": str(root / "cache"),
+        "model": {"name": TINY_NAME, "path": str(model)},
+        "bus": {"partitions": 2, "topic_prefix": f"l{os.getpid()}{_free_port()}"},
+        "join": {"window_s": 3},
+        "inference": {"engine": "transformers", "max_model_len": 512, "port": _free_port()},
+        "feedback_api": {"port": _free_port()},
+        "trainer": {"batch_size": 8, "batch_timeout_s": 2, "publish_every_samples": 8, "learning_rate": 1e-3,
+                    "group_id": f"launch-{_free_port()}"},
+        "gateway": {"port": _free_port(), "rollout": {"interval_s": 1, "steps": [0.5, 1.0], "min_samples": 5}},
+        "ray": {"num_cpus": 2},
+        "launch": {"run_dir": str(root / "run"), "mlflow_port": _free_port(), "trainer_metrics_port": _free_port(),
+                   "ready_timeout_s": 240, "bus": "embedded"},
+    }
+    if bootstrap:
+        data["kafka"] = {"bootstrap_servers": bootstrap}
+    path = root / "online-rl.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_settings(path), path
+
+
+@pytest.fixture
+def stopper() -> Iterator[list[Settings]]:
+    started: list[Settings] = []
+    yield started
+    for settings in started:
+        down(settings, echo=lambda _: None)
+
+
+def _pids(settings: Settings) -> list[int]:
+    state = read_state(settings.run_dir)
+    assert state is not None
+    return [c["pid"] for c in state["components"].values() if c.get("pid")]
+
+
+def _dead(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
+        tmp_path: Path, tiny_model: Path, kafka_bootstrap: str, stopper: list[Settings]) -> None:
+    settings, config = _config(tmp_path, tiny_model, kafka_bootstrap)
+    stopper.append(settings)
+    lines: list[str] = []
+    up(settings, config, echo=lines.append)
+    wiring, components = status(settings)
+    assert wiring is not None and wiring["bus"] == "kafka" and wiring["bootstrap"] == kafka_bootstrap
+    assert [c.name for c in components] == ["mlflow", "inference", "feedback", "joiner", "trainer", "gateway"]
+    assert {c.state for c in components} == {"ready"}, components
+    assert all(Path(c.log).is_file() for c in components if c.log)
+    assert any("gateway ready in" in line for line in lines)
+    keys = read_keys(settings.run_dir)
+    assert os.stat(settings.run_dir / "keys.json").st_mode & 0o077 == 0  # the raw keys: owner only
+
+    # Wired together: the MLflow UI answers; users chat through the gateway and post feedback with the
+    # user key, which cannot steer rollouts; the admin key can.
+    assert httpx.get(wiring["mlflow_url"], timeout=10).status_code == 200
+    llm = openai.OpenAI(base_url=wiring["gateway_url"] + "/v1", api_key=keys.user)
+    answer = llm.chat.completions.create(model="any", user="u1", max_tokens=4,
+                                         messages=[{"role": "user", "content": "Hi"}])
+    assert answer.model == TINY_NAME
+    assert httpx.post(wiring["feedback_url"] + "/v1/feedback", headers={"Authorization": f"Bearer {keys.user}"},
+                      json={"event_id": "e1", "request_id": answer.id, "user_id": "u1", "kind": "thumbs",
+                            "value": 1}, timeout=10).status_code in (200, 202)
+    for key, code in ((keys.user, 403), ("not-a-key", 401), (keys.admin, 200)):
+        got = httpx.get(wiring["gateway_url"] + "/rollout", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        assert got.status_code == code
+    with pytest.raises(LaunchError, match="already running"):
+        up(settings, config, echo=lambda _: None)
+
+    # The demo on the running loop: simulated users for a short budget, then the report.
+    from online_rl.demo import run_demo
+
+    report = run_demo(settings, tmp_path / "report", budget_s=45, measure=10, concurrency=4, max_tokens=8,
+                      users=20, silent=0.0, noise=0.0, show=False, echo=lambda _: None)
+    saved = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert saved["base_reward"] == report["base_reward"] is not None
+    assert {"base_reward", "final_reward", "promoted_versions", "freshness_s"} <= set(saved)
+    assert saved["base_feedback"] > 10 and saved["meta"]["requests"] > 10
+    assert (tmp_path / "report" / "reward.png").stat().st_size > 10_000
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "## Reward per version over time" in markdown and "## Rollout decisions" in markdown
+    assert saved["ability"]["models"][TINY_NAME]["asked"] == 8
+    # The trainer published from the users' feedback (every 8 samples): MLflow lists the versions with the
+    # offsets they were trained on, which the report traced back to the users' own requests.
+    assert saved["mlflow_versions"], "the trainer published no version from the simulated feedback"
+    first = saved["mlflow_versions"][0]
+    assert first["tags"]["offsets"] and "challenger" in sum((v["aliases"] for v in saved["mlflow_versions"]), [])
+    if saved["freshness_s_by_version"]:
+        assert all(0 < s < 120 for s in saved["freshness_s_by_version"].values())
+
+    pids = _pids(settings)
+    stopped = down(settings, echo=lambda _: None)
+    assert stopped == ["gateway", "trainer", "joiner", "feedback", "inference", "mlflow"]
+    deadline = time.monotonic() + 10
+    while not all(_dead(pid) for pid in pids):
+        assert time.monotonic() < deadline, "a component outlived `down`"
+        time.sleep(0.2)
+    assert {c.state for c in status(settings)[1]} == {"stopped"}
+
+
+def test_a_taken_port_is_named_with_its_setting_and_nothing_starts(tmp_path: Path, tiny_model: Path,
+                                                                  stopper: list[Settings]) -> None:
+    settings, config = _config(tmp_path, tiny_model, None)
+    stopper.append(settings)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", settings.gateway.port))
+        squatter.listen()
+        with pytest.raises(LaunchError) as refused:
+            up(settings, config, echo=lambda _: None)
+    message = str(refused.value)
+    assert f"port {settings.gateway.port} (gateway) is taken" in message
+    assert "gateway.port" in message and "ORL_GATEWAY__PORT" in message
+    assert _pids(settings) == []
+
+
+@pytest.mark.slow
+def test_a_component_that_fails_to_start_is_reported_with_its_log_and_the_rest_stopped(
+        tmp_path: Path, tiny_model: Path, stopper: list[Settings]) -> None:
+    settings, config = _config(tmp_path, tmp_path / "no-such-model", None)
+    stopper.append(settings)
+    with pytest.raises(LaunchError) as failed:
+        up(settings, config, echo=lambda _: None)
+    message = str(failed.value)
+    assert "inference exited during start-up" in message and "inference.log" in message
+    assert "no-such-model" in message  # the end of its log says why
+    state = read_state(settings.run_dir)
+    assert state is not None and state["components"]["mlflow"]["pid"] is None  # MLflow was stopped again
+    assert _free(settings.launch.mlflow_port)
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
