@@ -19,8 +19,10 @@ cli=.venv/bin/online-rl
 export ORL_CONFIG=${ORL_CONFIG:-deploy/local/demo.yaml}
 out=${ORL_DEMO_OUT:-demo-report}
 
-echo "== 1/3 the embedded model"
+echo "== 1/3 the embedded model, and the trainer's cold-start anchors (against forgetting)"
 $cli model prepare
+ORL_TRAINER__COLD_START=$(.venv/bin/python -m online_rl.demo.anchors)
+export ORL_TRAINER__COLD_START
 echo "== 2/3 the loop: every component as a local process"
 $cli down >/dev/null 2>&1 || true   # a previous demo's run, if one is still up
 $cli up --fresh

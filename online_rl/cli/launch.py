@@ -66,10 +66,15 @@ def _show(settings: object) -> bool:
         console.print(f"no run in {settings.run_dir} (start one with `online-rl up`)")
         return False
     table = Table("component", "state", "pid", "url", "log")
+    run = settings.run_dir
     for c in components:
         colour = {"ready": "green", "running": "yellow"}.get(c.state, "red")
-        table.add_row(c.name, f"[{colour}]{c.state}[/]", str(c.pid or "-"), c.url or "-", c.log or "-")
+        log = c.log or "-"
+        if log.startswith(f"{run}/"):
+            log = log[len(str(run)) + 1 :]
+        table.add_row(c.name, f"[{colour}]{c.state}[/]", str(c.pid or "-"), c.url or "-", log)
     console.print(table)
+    console.print(f"run folder: {run} (logs under it)")
     console.print(f"bus: {wiring['bus']}" + (f" at {wiring['bootstrap']}" if wiring.get("bootstrap") else ""))
     console.print(f"MLflow UI:    {wiring['mlflow_url']}")
     console.print(f"Rollout page: {wiring['gateway_url']}/rollout/ui (the admin key opens it)")

@@ -17,10 +17,12 @@ def _answers() -> list[Answer]:
     # 0-100 s: the base model, liked 3 times in 10; 100-200 s: v1 on half the users, liked 8 in 10;
     # after its promotion at 200 s: v1 for everyone, liked 9 in 10 (one silent user in 10).
     for i in range(100):
-        out.append(Answer(1000 + i, f"u{i % 7}", f"b{i}", BASE, 0.3, float(i % 10 < 3), 1000.5 + i))
+        out.append(Answer(1000 + i, f"u{i % 7}", f"b{i}", BASE, 0.3, float(i % 10 < 3),
+                          1000.5 + i))
     for i in range(100):
         version = f"{REG}-v1" if i % 2 else BASE
-        out.append(Answer(1100 + i, f"u{i % 7}", f"m{i}", version, 0.5, float(i // 2 % 10 < (8 if i % 2 else 3)),
+        liked = i // 2 % 10 < (8 if i % 2 else 3)
+        out.append(Answer(1100 + i, f"u{i % 7}", f"m{i}", version, 0.5, float(liked),
                           1100.5 + i))
     for i in range(100):
         out.append(Answer(1200 + i, f"u{i % 7}", f"a{i}", f"{REG}-v1", 0.9, None if i % 10 == 9 else 1.0,
@@ -34,8 +36,10 @@ HISTORY = [
     {"at": 1250.0, "version": "2", "action": "start", "reason": "rollout of version 2 at 50%", "weight": 0.5},
     {"at": 1280.0, "version": "2", "action": "rollback", "reason": "challenger worse", "weight": 0.0},
 ]
-VERSIONS = [{"version": "1", "aliases": ["champion"], "tags": {"rollout.status": "promoted"}, "created_at": 1095.0},
-            {"version": "2", "aliases": [], "tags": {"rollout.status": "rolled_back"}, "created_at": 1245.0}]
+VERSIONS = [
+    {"version": "1", "aliases": ["champion"], "tags": {"rollout.status": "promoted"}, "created_at": 1095.0},
+    {"version": "2", "aliases": [], "tags": {"rollout.status": "rolled_back"}, "created_at": 1245.0},
+]
 
 
 def test_the_report_measures_base_final_promotions_and_freshness(tmp_path: Path) -> None:
@@ -72,6 +76,7 @@ def test_without_a_promotion_there_is_no_final_reward_and_a_collapse_is_flagged(
     report = build_report(answers, HISTORY[:1], VERSIONS[:1], {}, ability, BASE, REG, {}, bucket_s=50)
     assert report["final_reward"] is None and report["reward_gain"] is None
     assert report["promoted_versions"] == [] and report["freshness_s"] is None
-    collapsed = ability + [AbilityAnswer(f"{REG}-v1", p, "x", i < 2) for i, (p, _) in enumerate(ABILITY_PROMPTS)]
+    collapsed = ability + [AbilityAnswer(f"{REG}-v1", p, "x", i < 2)
+                           for i, (p, _) in enumerate(ABILITY_PROMPTS)]
     report = build_report(_answers(), HISTORY, VERSIONS, {}, collapsed, BASE, REG, {}, bucket_s=50)
     assert report["ability"]["final"] == 2 and report["ability"]["collapsed"] is True
