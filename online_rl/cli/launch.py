@@ -89,11 +89,12 @@ def demo_cmd(
     preference: Annotated[
         str, typer.Option(help="What the simulated users like (see `online-rl simulate`).")
     ] = ("length:12"),
-    kind: Annotated[str, typer.Option(help="thumbs, rating or pairwise.")] = "thumbs",
+    kind: Annotated[str, typer.Option(help="thumbs (KTO) or rating (PPO).")] = "thumbs",
     users: Annotated[int, typer.Option(min=1, help="Distinct simulated users.")] = 100,
     silent: Annotated[float, typer.Option(min=0, max=1, help="Share of users who never answer.")] = 0.1,
     noise: Annotated[float, typer.Option(min=0, max=1, help="Chance a thumb is flipped.")] = 0.1,
-    budget: Annotated[float, typer.Option(min=10, help="Seconds of simulated traffic at most.")] = 1500,
+    budget: Annotated[float, typer.Option(min=10, help="Seconds of simulated traffic at most.")] = 1200,
+    promotions: Annotated[int, typer.Option(min=1, help="Promotions through the canary to wait for.")] = 2,
     measure: Annotated[
         int,
         typer.Option(
@@ -107,12 +108,10 @@ def demo_cmd(
     max_tokens: Annotated[int, typer.Option(min=1, help="max_tokens of each request.")] = 48,
     seed: Annotated[int, typer.Option(help="Seed of the users' choices and noise.")] = 0,
 ) -> None:
-    """Simulated users on the running loop (`online-rl up`) until a version is promoted through the canary
+    """Simulated users on the running loop (`online-rl up`) until versions are promoted through the canary
     and measured, then the report: reward per version over time, MLflow versions, decisions, freshness."""
     from online_rl.demo import run_demo
 
-    if kind not in ("thumbs", "rating", "pairwise"):
-        raise typer.BadParameter(f"{kind!r}: use thumbs, rating or pairwise", param_hint="--kind")
     settings = load_settings(ctx.obj["config"])
     report = run_demo(
         settings,
@@ -127,14 +126,16 @@ def demo_cmd(
         concurrency,
         max_tokens,
         seed=seed,
+        promotions=promotions,
         echo=typer.echo,
     )
     fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
+    fmt_int = lambda v: "—" if v is None else str(v)  # noqa: E731
     typer.echo(
         f"\nbase model's reward {fmt(report['base_reward'])} -> after the last promotion "
         f"{fmt(report['final_reward'])} (gain {fmt(report['reward_gain'])}); promoted: "
         f"{', '.join(report['promoted_versions']) or 'none'}; freshness {report['freshness_s']} s; "
-        f"general ability {report['ability']['final']}/{report['ability']['asked']} "
+        f"general ability {fmt_int(report['ability']['final'])}/{report['ability']['asked']} "
         f"(base {report['ability']['base']})"
     )
     typer.echo(f"report: {out / 'report.md'} (picture: {out / 'reward.png'}, figures: {out / 'report.json'})")

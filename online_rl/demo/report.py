@@ -20,11 +20,12 @@ from online_rl.simulate import Answer
 
 __all__ = ["ABILITY_PROMPTS", "AbilityAnswer", "build_report", "correct", "write_report"]
 
-# Fixed factual prompts outside the simulated users' prompt set, each with the words a correct answer
-# contains; the base model answers every one of them correctly at temperature 0.
+# Fixed factual prompts outside the simulated users' prompt set and unlike the cold-start anchors
+# (online_rl/demo/anchors.py), each with the words a correct answer contains; the base model answers
+# every one of them correctly at temperature 0.
 ABILITY_PROMPTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("What is the capital of Japan?", ("tokyo",)),
-    ("What is the capital of Germany?", ("berlin",)),
+    ("Who wrote Hamlet?", ("shakespeare",)),
+    ("Who discovered gravity?", ("newton",)),
     ("How many hours are in a day?", ("24", "twenty-four")),
     ("What is the chemical symbol for water?", ("h2o",)),
     ("Who painted the Mona Lisa?", ("leonardo", "da vinci")),
@@ -283,7 +284,8 @@ def _markdown(report: dict[str, Any], image: str) -> str:
         "|---|---|---|---|",
     ]
     for d in report["decisions"]:
-        lines.append(f"| {d['t_s'] / 60:.1f} min | {d['version']} | {d['action']} | {d['reason']} |")
+        reason = d["reason"].replace("|", "\\|")
+        lines.append(f"| {d['t_s'] / 60:.1f} min | {d['version']} | {d['action']} | {reason} |")
     lines += [
         "",
         "## MLflow versions",

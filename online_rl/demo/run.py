@@ -1,13 +1,13 @@
-"""`online-rl demo`: simulated users on the running loop until a version is promoted and measured, then
+"""`online-rl demo`: simulated users on the running loop until versions are promoted and measured, then
 the report.
 
 Needs the loop up (`online-rl up`). The population talks to the gateway and the feedback API with the
-run's user key; this process watches the rollout (admin key) and stops when the last promoted
-version has served `measure` answers with feedback since its promotion, or when the time budget is
-spent. Then it gathers the gateway's decisions, MLflow's versions, the samples each version was
-trained on (from the bus, through the version's lineage offsets) and a general-ability check (fixed
-factual prompts, temperature 0, asked of the base model and the final champion on the replica), and
-writes the report (`report.write_report`).
+run's user key; this process watches the rollout (admin key) and stops when `promotions` versions
+have been promoted and the last has served `measure` answers with feedback since its promotion, or
+when the time budget is spent. Then it gathers the gateway's decisions, MLflow's versions, the
+samples each version was trained on (from the bus, through the version's lineage offsets) and a
+general-ability check (fixed factual prompts, temperature 0, asked of the base model and the final
+champion on the replica), and writes the report (`report.write_report`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from online_rl.config import Settings
 from online_rl.demo.report import ABILITY_PROMPTS, AbilityAnswer, build_report, correct, write_report
 from online_rl.errors import OnlineRLError
-from online_rl.launch import read_keys, read_state, status
+from online_rl.launch import read_keys, status
 from online_rl.simulate import PROMPTS, Population, SimulationResult, load_preference, simulate
 
 __all__ = ["DemoError", "run_demo"]
@@ -137,19 +137,26 @@ def run_demo(
     users: int = 100,
     silent: float = 0.1,
     noise: float = 0.1,
-    budget_s: float = 1500.0,
+    budget_s: float = 1200.0,
     measure: int = 150,
     concurrency: int = 8,
     max_tokens: int = 48,
     temperature: float = 0.7,
     seed: int = 0,
+    promotions: int = 2,
     show: bool = True,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the simulated users on the running loop, then write and return the report."""
-    state = read_state(settings.run_dir)
+    """Run the simulated users on the running loop until `promotions` versions have been promoted
+    through the canary and the last one has `measure` answers with feedback since (or `budget_s` is
+    spent), then write and return the report."""
+    if kind not in ("thumbs", "rating"):
+        raise DemoError(
+            f"the demo measures reward per version from thumbs or ratings, not {kind!r} (in a "
+            "pairwise choice both answers come from the same version: one wins, one loses)"
+        )
     wiring, components = status(settings)
-    if state is None or wiring is None:
+    if wiring is None:
         raise DemoError(f"the loop is not up (no run in {settings.run_dir}); start it with `online-rl up`")
     down = [c.name for c in components if c.state != "ready"]
     if down:
@@ -161,31 +168,36 @@ def run_demo(
     wired = _wired(settings, wiring)
     population = Population(load_preference(preference), users, silent, noise, kind, seed)  # type: ignore[arg-type]
     registered, base_model = settings.mlflow.registered_model, settings.model.name
+    result, stop, failure = SimulationResult(), threading.Event(), []
+    started = time.time()
+
+    def users_talk() -> None:
+        try:
+            simulate(
+                wiring["gateway_url"],
+                wiring["feedback_url"],
+                keys.user,
+                population,
+                None,
+                PROMPTS,
+                concurrency,
+                max_tokens,
+                temperature,
+                stop=stop.is_set,
+                result=result,
+            )
+        except BaseException as exc:  # surfaced below, not lost in a thread
+            failure.append(exc)
+
+    def history_now(http: httpx.Client) -> list[dict[str, Any]]:
+        entries = http.get("/rollout/history", params={"limit": 10_000}).json()["entries"]
+        return [e for e in entries if e["at"] >= started]  # this demo's decisions only
+
+    worker = threading.Thread(target=users_talk, daemon=True)
+    worker.start()
     admin = httpx.Client(
         base_url=wiring["gateway_url"], headers={"Authorization": f"Bearer {keys.admin}"}, timeout=10
     )
-    result, stop = SimulationResult(), threading.Event()
-    started = time.time()
-    worker = threading.Thread(
-        target=simulate,
-        daemon=True,
-        kwargs=dict(
-            gateway_url=wiring["gateway_url"],
-            feedback_url=wiring["feedback_url"],
-            api_key=keys.user,
-            population=population,
-            requests=None,
-            prompts=PROMPTS,
-            concurrency=concurrency,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            stop=stop.is_set,
-            result=result,
-        ),
-    )
-    worker.start()
-    history: list[dict[str, Any]] = []
-    measured = 0
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -196,24 +208,29 @@ def run_demo(
     try:
         with Progress(*columns, disable=not show, refresh_per_second=2) as bars:
             budget = bars.add_task("time budget (s)     ", total=budget_s, note="")
-            after = bars.add_task("after a promotion   ", total=measure, note="waiting for a promotion")
+            after = bars.add_task("after the promotions", total=measure, note="waiting for a promotion")
             while time.time() - started < budget_s and worker.is_alive():
                 time.sleep(2.0)
                 try:
-                    history = admin.get("/rollout/history").json()["entries"]
+                    history = history_now(admin)
                     now = admin.get("/rollout").json()
                 except (httpx.HTTPError, ValueError, KeyError):
                     continue
-                promotions = [e for e in history if e["action"] == "promote"]
-                if promotions:
-                    last = promotions[-1]
+                promoted = [e for e in history if e["action"] == "promote"]
+                measured = 0
+                if promoted:
+                    last = promoted[-1]
                     name = f"{registered}-v{last['version']}"
                     measured = sum(
                         1
                         for a in list(result.answers)
                         if a.version == name and a.at >= last["at"] and a.reward is not None
                     )
-                    bars.update(after, completed=min(measured, measure), note=f"{name} promoted")
+                    bars.update(
+                        after,
+                        completed=min(measured, measure) if len(promoted) >= promotions else 0,
+                        note=f"{name} promoted ({len(promoted)} of {promotions})",
+                    )
                 rollout = now.get("rollout") or {}
                 arm_note = (
                     f"v{rollout.get('challenger')} {rollout.get('status')} at {rollout.get('weight', 0):.0%}"
@@ -227,22 +244,40 @@ def run_demo(
                     completed=time.time() - started,
                     note=f"{result.requests} answers · reward (last 200) {recent} · {arm_note}",
                 )
-                if promotions and measured >= measure:
+                if len(promoted) >= promotions and measured >= measure:
                     break
     finally:
         stop.set()
         worker.join(timeout=600)
         admin.close()
+    if failure:
+        raise DemoError(f"the simulated users stopped: {failure[0]!r}") from failure[0]
     ended = time.time()
+    answers = list(result.answers)
     echo("gathering the report: rollout decisions, MLflow versions, training lineage, general ability ...")
-    with httpx.Client(
-        base_url=wiring["gateway_url"], headers={"Authorization": f"Bearer {keys.admin}"}, timeout=10
-    ) as http:
-        history = http.get("/rollout/history").json()["entries"]
-    versions = _mlflow_versions(wired)
-    trained_on = _trained_on(wired, versions)
-    promoted = [f"{registered}-v{e['version']}" for e in history if e["action"] == "promote"]
-    ability = _ability(wiring["inference_url"], keys.admin, [base_model, *promoted[-1:]])
+    problems: list[str] = []
+
+    def gather(what: str, call: Callable[[], Any], empty: Any) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # one missing section must not lose the rest of the report
+            problems.append(f"{what}: {exc!r}")
+            echo(f"  could not gather {what}: {exc!r}")
+            return empty
+
+    def final_history() -> list[dict[str, Any]]:
+        with httpx.Client(
+            base_url=wiring["gateway_url"], headers={"Authorization": f"Bearer {keys.admin}"}, timeout=10
+        ) as http:
+            return history_now(http)
+
+    history = gather("rollout decisions", final_history, [])
+    versions = gather("MLflow versions", lambda: _mlflow_versions(wired), [])
+    trained_on = gather("training lineage", lambda: _trained_on(wired, versions), {})
+    champion = [f"{registered}-v{e['version']}" for e in history if e["action"] == "promote"][-1:]
+    ability = gather(
+        "general ability", lambda: _ability(wiring["inference_url"], keys.admin, [base_model, *champion]), []
+    )
     meta = {
         "preference": population.preference.name,
         "kind": kind,
@@ -256,14 +291,14 @@ def run_demo(
         "duration_s": round(ended - started, 1),
         "budget_s": budget_s,
         "measure": measure,
+        "promotions_wanted": promotions,
         "registered": registered,
         "base_model": base_model,
         "mlflow_url": wiring["mlflow_url"],
         "gateway_url": wiring["gateway_url"],
         "keys_file": str(settings.run_dir / "keys.json"),
+        "problems": problems,
     }
-    report = build_report(
-        result.answers, history, versions, trained_on, ability, base_model, registered, meta
-    )
+    report = build_report(answers, history, versions, trained_on, ability, base_model, registered, meta)
     write_report(report, out_dir)
     return report

@@ -8,6 +8,7 @@ it will listen on and how to tell it is ready. Pure: nothing is started here.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -112,6 +113,11 @@ def plan(
     inference_threads = launch.inference_threads or max(1, cores // 2)
     trainer_threads = settings.trainer.cpus_per_worker or max(1, cores - inference_threads)
     env["OMP_NUM_THREADS"] = "1"  # the light components; the two heavy ones get theirs below
+    trainer_env = {"OMP_NUM_THREADS": str(max(1, int(trainer_threads))),
+                   "ORL_TRAINER__CPUS_PER_WORKER": str(trainer_threads)}
+    if not settings.ray.address:  # the trainer's local Ray runtime must hold every worker's CPUs
+        needed = math.ceil(trainer_threads * settings.trainer.workers)
+        trainer_env["ORL_RAY__NUM_CPUS"] = str(max(settings.ray.num_cpus, needed))
     wiring = Wiring(
         run,
         bus,
@@ -170,10 +176,7 @@ def plan(
             {launch.trainer_metrics_port: "launch.trainer_metrics_port"},
             f"{metrics_url}/metrics",
             f"{metrics_url}/metrics",
-            {
-                "OMP_NUM_THREADS": str(int(trainer_threads)),
-                "ORL_TRAINER__CPUS_PER_WORKER": str(trainer_threads),
-            },
+            trainer_env,
         ),
         Component(
             "gateway",

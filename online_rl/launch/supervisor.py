@@ -74,25 +74,64 @@ def read_keys(run_dir: Path) -> RunKeys:
 
 def _write_json(path: Path, data: object, mode: int = 0o644) -> None:
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    tmp.unlink(missing_ok=True)  # a leftover file would keep its own (maybe looser) mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle, indent=2)
     os.replace(tmp, path)
 
 
-def _alive(pid: int | None) -> bool:
+def _started_at(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), with the boot id:
+    together they tell our process from a later one that was given the same pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{boot}:{fields[19]}"
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)  # our own child (during `up`, or in a test): collect its exit
+
+
+def _alive(entry: dict[str, Any]) -> bool:
+    """Whether the recorded process still runs — the same process, not a later one with its pid."""
+    pid = entry.get("pid")
     if not pid:
         return False
+    _reap(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        return False  # not ours: the pid was given to another user's process
+    try:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
     except OSError:
-        return True
+        return False
+    recorded = entry.get("started")
+    return recorded is None or recorded == _started_at(pid)
+
+
+def _group_alive(pgid: int) -> bool:
+    _reap(pgid)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
 
 
 def _port_taken(port: int) -> bool:
@@ -130,188 +169,200 @@ def _make_keys(run_dir: Path) -> RunKeys:
     return RunKeys(user, admin)
 
 
-def _kafka(wiring: Wiring, settings: Settings, action: str) -> None:
+def _kafka(run: Path, settings: Settings, action: str) -> None:
     env = {
         **os.environ,
         "ORL_KAFKA_PORT": str(settings.launch.kafka_port),
-        "ORL_KAFKA_RUN": str(wiring.run_dir / "kafka"),
+        "ORL_KAFKA_RUN": str(run / "kafka"),
         "ORL_CACHE_DIR": str(settings.cache_dir),
     }
-    out = subprocess.run(
-        ["bash", str(KAFKA_SCRIPT), action], env=env, capture_output=True, text=True, check=False
-    )
+    out = subprocess.run(["bash", str(KAFKA_SCRIPT), action], env=env, capture_output=True, text=True,
+                         check=False)
     if out.returncode != 0:
-        raise LaunchError(
-            f"the Kafka broker did not {action}: {out.stderr.strip() or out.stdout.strip()} "
-            f"(log: {wiring.run_dir / 'kafka' / 'broker.log'})"
-        )
+        raise LaunchError(f"the Kafka broker did not {action}: {out.stderr.strip() or out.stdout.strip()} "
+                          f"(log: {run / 'kafka' / 'broker.log'})")
 
 
 def _check_ports(settings: Settings, wiring: Wiring, components: list[Component]) -> None:
-    wanted = {port: (c.name, setting) for c in components for port, setting in c.ports.items()}
+    wanted: list[tuple[int, str, str]] = [(port, c.name, setting) for c in components
+                                          for port, setting in c.ports.items()]
     if wiring.start_broker:
         port = settings.launch.kafka_port
-        wanted[port] = ("kafka", "launch.kafka_port")
-        wanted[port + 1] = ("kafka controller", "launch.kafka_port (the controller uses the next port)")
-    taken = [
-        f"port {port} ({name}) is taken by another process; stop it or move {name} with {setting} "
-        f"(ORL_{setting.upper().replace('.', '__')})"
-        for port, (name, setting) in sorted(wanted.items())
-        if _port_taken(port)
-    ]
+        wanted += [(port, "kafka", "launch.kafka_port"),
+                   (port + 1, "kafka controller", "launch.kafka_port (the controller uses the next port)")]
+    seen: dict[int, str] = {}
+    for port, name, setting in wanted:
+        if port in seen:
+            raise LaunchError(f"{name} and {seen[port]} are both set to port {port}; give {name} its own "
+                              f"port with {setting}")
+        seen[port] = name
+    taken = [f"port {port} ({name}) is taken by another process; stop it or move {name} with {setting} "
+             f"(ORL_{setting.split(' ')[0].upper().replace('.', '__')})"
+             for port, name, setting in sorted(wanted) if _port_taken(port)]
     if taken:
         raise LaunchError("cannot start the loop:\n  " + "\n  ".join(taken))
 
 
-def _start(component: Component, wiring: Wiring, settings: Settings) -> subprocess.Popen[bytes]:
+def _launch(component: Component, wiring: Wiring) -> subprocess.Popen[bytes]:
     log = wiring.run_dir / "logs" / f"{component.name}.log"
     with log.open("ab") as out:
         env = {**os.environ, **wiring.env, **component.env}
-        process = subprocess.Popen(
-            component.argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            cwd=wiring.run_dir,
-        )
-    deadline = time.monotonic() + settings.launch.ready_timeout_s
-    alive_since = time.monotonic()
+        return subprocess.Popen(component.argv, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
+
+def _wait_ready(component: Component, process: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    began = time.monotonic()
     while True:
         code = process.poll()
         if code is not None:
-            raise LaunchError(
-                f"{component.name} exited during start-up (exit code {code}); the end of {log}:\n{_tail(log)}"
-            )
+            raise LaunchError(f"{component.name} exited during start-up (exit code {code}); the end of "
+                              f"{log}:\n{_tail(log)}")
         if component.ready_url is not None and _answers(component.ready_url):
-            return process
-        if component.ready_url is None and time.monotonic() - alive_since >= component.settle_s:
-            return process
+            return
+        if component.ready_url is None and time.monotonic() - began >= component.settle_s:
+            return
         if time.monotonic() > deadline:
-            _signal_group(process.pid, signal.SIGKILL)
-            raise LaunchError(
-                f"{component.name} was not ready within {settings.launch.ready_timeout_s:.0f}s "
-                f"(launch.ready_timeout_s); the end of {log}:\n{_tail(log)}"
-            )
+            raise LaunchError(f"{component.name} was not ready within {timeout_s:.0f}s "
+                              f"(launch.ready_timeout_s); the end of {log}:\n{_tail(log)}")
         time.sleep(0.5)
 
 
-def _signal_group(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
+def _clear(run: Path) -> None:
+    """--fresh: empty the run folder — only one `up` made (it holds state.json), never another folder."""
+    if not run.exists():
+        return
+    if (run / _STATE).exists() or not any(run.iterdir()):
+        shutil.rmtree(run)
+        return
+    raise LaunchError(f"--fresh would delete {run}, which is not a run folder of `online-rl up` (no "
+                      f"{_STATE}); point launch.run_dir at a folder of its own")
 
 
-def up(
-    settings: Settings,
-    config_file: Path | None = None,
-    fresh: bool = False,
-    echo: Callable[[str], None] = print,
-) -> dict[str, Any]:
+def up(settings: Settings, config_file: Path | None = None, fresh: bool = False,
+       echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Start every component (see the module docstring); returns the run's state."""
-    run = settings.run_dir
+    run = settings.run_dir.resolve()
+    if run != settings.run_dir:
+        launch = settings.launch.model_copy(update={"run_dir": run})
+        settings = settings.model_copy(update={"launch": launch})
     state = read_state(run)
     if state is not None:
-        running = [c for c in state["components"].values() if _alive(c.get("pid"))]
+        running = [c for c in state["components"].values() if _alive(c)]
         if running:
             names = ", ".join(c["name"] for c in running)
-            raise LaunchError(
-                f"the loop in {run} is already running ({names}); see `online-rl status`, "
-                "or stop it with `online-rl down`"
-            )
-    if fresh and run.exists():
-        shutil.rmtree(run)
+            raise LaunchError(f"the loop in {run} is already running ({names}); see `online-rl status`, "
+                              "or stop it with `online-rl down`")
+    # The config travels to the components as an absolute path (they may not share our folder).
+    config = config_file or (Path(os.environ["ORL_CONFIG"]) if os.environ.get("ORL_CONFIG") else None)
+    keys_file = run / _ENTRIES
+    wiring, components = plan(settings, config.resolve() if config else None, keys_file, "")
+    _check_ports(settings, wiring, components)
+    if fresh:
+        _clear(run)
     for sub in ("logs", "mlflow", "rollout", "adapters", "trainer", "bus", "kafka"):
         (run / sub).mkdir(parents=True, exist_ok=True)
     keys = _make_keys(run)
-    # The components run in the run folder: a relative config path would not be found from there.
-    config = config_file or (Path(os.environ["ORL_CONFIG"]) if os.environ.get("ORL_CONFIG") else None)
-    wiring, components = plan(settings, config.resolve() if config else None, run / _ENTRIES, keys.admin)
-    _check_ports(settings, wiring, components)
+    wiring, components = plan(settings, config.resolve() if config else None, keys_file, keys.admin)
     state = {"wiring": wiring.as_dict(), "started_at": time.time(), "components": {}}
     _write_json(run / _STATE, state)
     try:
         if wiring.start_broker:
             echo(f"starting kafka on {wiring.bootstrap} ...")
-            _kafka(wiring, settings, "start")
-            state["components"]["kafka"] = {
-                "name": "kafka",
-                "pid": _broker_pid(run),
-                "url": wiring.bootstrap,
-                "log": str(run / "kafka" / "broker.log"),
-                "broker": True,
-            }
+            # recorded first: an interrupted start is still stopped by `down`
+            state["components"]["kafka"] = {"name": "kafka", "pid": None, "url": wiring.bootstrap,
+                                            "log": str(run / "kafka" / "broker.log"), "broker": True}
+            _write_json(run / _STATE, state)
+            _kafka(run, settings, "start")
+            pid = _broker_pid(run)
+            state["components"]["kafka"].update(pid=pid, started=_started_at(pid) if pid else None)
             _write_json(run / _STATE, state)
         for component in components:
             echo(f"starting {component.name} ...")
             began = time.monotonic()
-            process = _start(component, wiring, settings)
+            process = _launch(component, wiring)
+            log = run / "logs" / f"{component.name}.log"
             state["components"][component.name] = {
-                "name": component.name,
-                "pid": process.pid,
-                "url": component.url,
-                "ready_url": component.ready_url,
-                "log": str(run / "logs" / f"{component.name}.log"),
-            }
+                "name": component.name, "pid": process.pid, "started": _started_at(process.pid),
+                "url": component.url, "ready_url": component.ready_url, "log": str(log)}
             _write_json(run / _STATE, state)
-            echo(
-                f"  {component.name} ready in {time.monotonic() - began:.1f}s"
-                + (f" at {component.url}" if component.url else "")
-            )
+            _wait_ready(component, process, log, settings.launch.ready_timeout_s)
+            echo(f"  {component.name} ready in {time.monotonic() - began:.1f}s"
+                 + (f" at {component.url}" if component.url else ""))
     except BaseException:
-        down(settings, echo=lambda _: None)
+        with contextlib.suppress(Exception):
+            down(settings, echo=lambda _: None)
         raise
     return state
 
 
 def _broker_pid(run: Path) -> int | None:
-    for pidfile in (run / "kafka").glob("broker.pid"):
-        try:
-            return int(pidfile.read_text().strip())
-        except (OSError, ValueError):
-            return None
-    return None
+    try:
+        return int((run / "kafka" / "broker.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _stop(entry: dict[str, Any], timeout_s: float) -> str | None:
+    """Stop one component: SIGTERM to its leader (the trainer finishes its step), then to the rest of its
+    process group, then SIGKILL to whatever is left. Returns what happened, or None if nothing ran."""
+    pid = entry["pid"]
+    leader = _alive(entry)
+    if not leader and (entry.get("started") is None or not _group_alive(pid)):
+        return None  # (a recycled pid's group is not ours: only groups we know we started are signalled)
+    if leader:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(entry) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    _signal_group(pid, signal.SIGTERM)  # helpers the leader left behind (Ray's raylet and workers)
+    deadline = time.monotonic() + 5.0
+    while _group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _group_alive(pid):
+        _signal_group(pid, signal.SIGKILL)
+        return "killed"
+    return "stopped"
 
 
 def down(settings: Settings, echo: Callable[[str], None] = print) -> list[str]:
-    """Stop every component of the run, newest first: SIGTERM to its process group, then SIGKILL after
-    `launch.stop_timeout_s`. Returns the names stopped."""
-    run = settings.run_dir
+    """Stop every component of the run, newest first (see `_stop`). Returns the names stopped."""
+    run = settings.run_dir.resolve()
     state = read_state(run)
     if state is None:
         echo(f"nothing to stop: no run in {run}")
         return []
     stopped = []
-    for entry in reversed(list(state["components"].values())):
-        name, pid = entry["name"], entry.get("pid")
-        if entry.get("broker"):
-            wiring = state["wiring"]
-            _kafka(Wiring(run, "kafka", wiring["bootstrap"], True, "", "", "", "", "", {}), settings, "stop")
+    try:
+        for entry in reversed(list(state["components"].values())):
+            name = entry["name"]
+            if entry.get("broker"):
+                if entry.get("pid") and not _alive(entry):
+                    continue
+                _kafka(run, settings, "stop")  # also stops a broker whose start was interrupted
+                stopped.append(name)
+                echo(f"stopped {name}")
+                continue
+            if not entry.get("pid"):
+                continue
+            outcome = _stop(entry, settings.launch.stop_timeout_s)
+            if outcome is None:
+                continue
+            echo(f"{outcome} {name}" + (" (it did not stop in time)" if outcome == "killed" else ""))
             stopped.append(name)
-            echo(f"stopped {name}")
-            continue
-        if not _alive(pid):
-            continue
-        _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + settings.launch.stop_timeout_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            _signal_group(pid, signal.SIGKILL)
-            echo(f"killed {name} (it did not stop within {settings.launch.stop_timeout_s:.0f}s)")
-        else:
-            echo(f"stopped {name}")
-        stopped.append(name)
-    for entry in state["components"].values():
-        entry["pid"] = None
-    state["stopped_at"] = time.time()
-    _write_json(run / _STATE, state)
+    finally:
+        for entry in state["components"].values():
+            entry["pid"] = None
+        state["stopped_at"] = time.time()
+        _write_json(run / _STATE, state)
     return stopped
 
 
 def status(settings: Settings) -> tuple[dict[str, Any] | None, list[ComponentStatus]]:
     """The run's wiring and each component's state (`ready` when it answers its ready URL)."""
-    state = read_state(settings.run_dir)
+    state = read_state(settings.run_dir.resolve())
     if state is None:
         return None, []
     out = []
@@ -319,7 +370,7 @@ def status(settings: Settings) -> tuple[dict[str, Any] | None, list[ComponentSta
         pid = entry.get("pid")
         if pid is None:
             health = "stopped"
-        elif not _alive(pid):
+        elif not _alive(entry):
             health = "exited"
         elif entry.get("ready_url") and not _answers(entry["ready_url"]):
             health = "running"

@@ -154,13 +154,18 @@ def simulate(gateway_url: str, feedback_url: str, api_key: str, population: Popu
         if progress is not None:
             progress(1)
 
+    errors: list[Exception] = []
+
     def worker(feedback: FeedbackClient) -> None:
-        while stop is None or not stop():
+        while (stop is None or not stop()) and not errors:
             with items_lock:
                 item = next(items, None)
             if item is None:
                 return
-            one(item, feedback)
+            try:
+                one(item, feedback)
+            except Exception as exc:  # re-raised by simulate() once every worker has stopped
+                errors.append(exc)
 
     with FeedbackClient(feedback_url, api_key) as feedback:
         threads = [threading.Thread(target=worker, args=(feedback,), daemon=True) for _ in range(concurrency)]
@@ -169,4 +174,6 @@ def simulate(gateway_url: str, feedback_url: str, api_key: str, population: Popu
         for thread in threads:
             thread.join()
     llm.close()
+    if errors:
+        raise errors[0]
     return result
