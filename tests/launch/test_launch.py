@@ -126,12 +126,14 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
     # The whole loop turned: the trainer published from the users' feedback (every 8 samples), MLflow
     # lists the version with the offsets it was trained on, the gateway hot-swapped it and started its
     # canary, and the report traced its training data back to the users' own requests (freshness).
+    # (A version may already have been published, and its canary started, before the demo began.)
     assert saved["mlflow_versions"], "the trainer published no version from the simulated feedback"
-    assert saved["mlflow_versions"][0]["tags"]["offsets"].startswith(settings.bus.topic_prefix)
-    first = f"policy-v{saved['mlflow_versions'][0]['version']}"
-    decisions = saved["decisions"]
-    assert any(d["action"] == "start" and d["version"] == first for d in decisions), decisions
-    assert 0 < saved["freshness_s_by_version"][first] < 60
+    assert all(v["tags"]["offsets"].startswith(settings.bus.topic_prefix) for v in saved["mlflow_versions"])
+    published = {f"policy-v{v['version']}" for v in saved["mlflow_versions"]}
+    started = [d["version"] for d in saved["decisions"] if d["action"] == "start"]
+    assert started and set(started) <= published, saved["decisions"]
+    fresh = saved["freshness_s_by_version"]
+    assert any(0 < fresh.get(v, -1) < 60 for v in started), (fresh, started)
 
     pids = _pids(settings)
     stopped = down(settings, echo=lambda _: None)
