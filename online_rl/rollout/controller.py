@@ -258,7 +258,9 @@ class RolloutController:
         self._tag(version, {"rollout.status": "rolled_back", "rollout.reason": reason} | _tags(evidence))
 
     def _tag(self, version: str, tags: dict[str, str]) -> None:
-        for key, value in tags.items():
+        # MLflow sets one tag per call: the verdict (`rollout.status`) goes last, so whoever sees it
+        # also finds its reason and evidence.
+        for key, value in sorted(tags.items(), key=lambda item: item[0] == "rollout.status"):
             self.client.set_model_version_tag(self.registered_model, version, key, value[:5000])
 
     def _record(self, action: str, reason: str, actor: str, evidence: dict[str, Any] | None = None) -> None:
