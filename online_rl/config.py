@@ -27,6 +27,7 @@ __all__ = [
     "BusConfig",
     "FeedbackApiConfig",
     "GatewayConfig",
+    "HybridConfig",
     "InferenceConfig",
     "JoinSettings",
     "KafkaConfig",
@@ -297,6 +298,67 @@ class TrainerConfig(BaseModel):
         return self
 
 
+class HybridConfig(BaseModel):
+    """Colocated PPO on fresh rollouts (`online-rl hybrid`): the HybridEngine's layouts and the loop."""
+
+    dp: int = Field(default=1, ge=1, le=256, description="Training: data-parallel replicas.")
+    fsdp: int = Field(default=1, ge=1, le=256, description="Training: FSDP shards per replica.")
+    tp: int = Field(
+        default=1, ge=1, le=64,
+        description="Generation: tensor-parallel size of each engine replica; divides dp × fsdp and the "
+        "model's attention heads (SmolLM2-135M: 1, 3 or 9).",
+    )
+    aligned: bool = Field(
+        default=True, description="Shard each weight for training along the dimension generation splits it "
+        "(zero-redundancy resharding); false: FSDP's default, dimension 0 everywhere.",
+    )
+    keep_base: bool = Field(
+        default=True, description="Reshard the frozen base once and keep its generation copy; each "
+        "transition then moves only the adapter. False: reshard everything every time and free the copy "
+        "when training resumes.",
+    )
+    rollout_batch: int = Field(default=8, ge=1, le=4096, description="Prompts sampled per PPO iteration.")
+    max_new_tokens: int = Field(default=32, ge=1, le=4096, description="Longest completion sampled.")
+    temperature: float = Field(default=1.0, gt=0, le=5, description="Sampling temperature of the rollouts.")
+    prompt_window: int = Field(default=512, ge=1, description="The newest this many prompts are drawn from.")
+    min_pairs: int = Field(default=8, ge=0, description="Preference pairs seen before PPO starts.")
+    learning_rate: float = Field(default=1e-4, gt=0, le=1.0, description="The policy's AdamW rate.")
+    ppo_epochs: int = Field(default=2, ge=1, le=16, description="Optimizer steps over each batch.")
+    kl_coef: float = Field(default=0.05, ge=0, description="The KL penalty's initial coefficient.")
+    kl_target: float | None = Field(
+        default=2.0, gt=0, description="Adapt the coefficient so the KL per completion tracks this (nats).")
+    kl_horizon: int = Field(
+        default=16, ge=1, description="Rollouts over which the coefficient adapts (Ziegler's horizon).")
+    critic_learning_rate: float = Field(default=1e-4, gt=0, le=1.0, description="The critic's rate.")
+    reward_learning_rate: float = Field(default=1e-4, gt=0, le=1.0, description="The reward model's rate.")
+    reward_steps: int = Field(default=4, ge=0, description="Reward-model steps per iteration.")
+    reward_batch: int = Field(default=8, ge=1, description="Pairs per reward-model step.")
+    reward_window: int = Field(default=2048, ge=1, description="Newest pairs the reward model replays.")
+    publish_every_steps: int = Field(default=20, ge=1, description="Publish a version every N iterations.")
+    experiment: str = Field(default="online-rl-hybrid", min_length=1, description="MLflow experiment.")
+    group_id: str = Field(default="orl-hybrid", min_length=1, description="Consumer group on the samples.")
+    cpus_per_worker: float | None = Field(
+        default=None, gt=0, description="CPUs per hybrid device. Empty: ray.num_cpus / (dp × fsdp).")
+    gpus_per_worker: float = Field(default=0.0, ge=0, description="GPUs per device (NCCL above 0).")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.fsdp
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> HybridConfig:
+        if self.world % self.tp:
+            raise ValueError(f"hybrid.tp={self.tp} must divide hybrid.dp × hybrid.fsdp = {self.world}: every "
+                             "device serves in exactly one engine replica")
+        if self.rollout_batch < self.world:
+            raise ValueError(f"hybrid.rollout_batch={self.rollout_batch} must be >= dp × fsdp = {self.world} "
+                             "so that every FSDP device trains on a rollout")
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ValueError("hybrid.kl_coef=0 cannot adapt towards hybrid.kl_target: start above 0, "
+                             "e.g. 0.05")
+        return self
+
+
 class RolloutConfig(BaseModel):
     """The canary rollout plan the gateway's controller runs (online_rl/rollout)."""
 
@@ -434,6 +496,7 @@ class Settings(BaseSettings):
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    hybrid: HybridConfig = Field(default_factory=HybridConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from online_rl import __version__
 from online_rl.cli.adapter import adapter_app
 from online_rl.cli.bus import bus_app, join_cmd
+from online_rl.cli.hybrid import hybrid_cmd
 from online_rl.cli.launch import demo_cmd, down_cmd, status_cmd, up_cmd
 from online_rl.cli.model import model_app
 from online_rl.cli.rollout import rollout_app
@@ -45,6 +46,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
 app.add_typer(adapter_app, name="adapter")
 app.command("trainer")(trainer_cmd)
+app.command("hybrid")(hybrid_cmd)
 app.add_typer(rollout_app, name="rollout")
 app.command("simulate")(simulate_cmd)
 app.command("up")(up_cmd)

@@ -1,0 +1,49 @@
+"""`online-rl hybrid`: colocated PPO on fresh rollouts, driven by the live stream (until a signal)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Annotated
+
+import typer
+
+from online_rl.bus import ensure_topics, open_bus
+from online_rl.bus.topics import Topics
+from online_rl.config import load_settings
+
+__all__ = ["hybrid_cmd"]
+
+logger = logging.getLogger(__name__)
+
+
+def hybrid_cmd(
+    ctx: typer.Context,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many PPO iterations.")] = None,
+) -> None:
+    """PPO on the HybridEngine: sample completions for recent prompts, score them with a reward model
+    that learns from the stream's preference pairs, update the LoRA policy; publish versions to MLflow.
+
+    The layouts and the loop are the `hybrid.*` settings (`online-rl config` lists them).
+    """
+    from online_rl.hybrid.runner import run_hybrid
+    from online_rl.ray_runtime import init_ray
+
+    settings = load_settings(ctx.obj["config"])
+    init_ray(settings)  # before our handlers: Ray installs its own
+    bus = open_bus(settings)
+    ensure_topics(bus, settings.bus.partitions, Topics(settings.bus.topic_prefix))
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logger.info("signal %d: finishing the current iteration, then stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    state = run_hybrid(settings, bus, max_steps=max_steps, stop=stop)
+    bus.close()
+    published = ", ".join(v.serving_name for v in state.published) or "none"
+    typer.echo(f"hybrid: {state.steps} iteration(s) on {state.samples} sample(s) ({state.pairs} pairs); "
+               f"published: {published}")
