@@ -161,17 +161,27 @@ class ColocatedPPO:
 
     def evaluate(self, prompts: Sequence[Sequence[int]], samples: int = 1,
                  seed: int = 1234) -> dict[str, float]:
-        """On held-out prompts: the reward model's mean score of the policy's sampled completions, and
-        their mean KL to the reference (the summed log-ratio per completion)."""
+        """On held-out prompts, with the reward model as it is now: its mean score of the policy's
+        sampled completions and of the base model's (same seeds), and the policy completions' mean KL
+        to the reference (the summed log-ratio per completion)."""
         import ray
 
         batch = [list(p) for p in prompts for _ in range(samples)]
-        rollouts, _, _ = self.rollouts(batch, seed=seed)
-        scores = ray.get(self.reward.score.remote(rollouts))
-        scored = self.group.score(rollouts)
-        kl = [sum(o) - sum(r) for o, r in scored]
-        return {"reward": sum(scores) / len(scores), "kl": sum(kl) / len(kl),
-                "completion_tokens": sum(len(c) for _, c in rollouts) / len(rollouts)}
+        self.group.to_generation(keep_base=self.config.keep_base)
+        try:
+            length, temperature = self.config.max_new_tokens, self.config.temperature
+            policy = self.group.generate(batch, length, temperature, seed=seed)
+            base = self.group.generate(batch, length, temperature, seed=seed, adapter=None)
+        finally:
+            self.group.to_training()
+        ours = [(p, o["token_ids"]) for p, o in zip(batch, policy, strict=True)]
+        theirs = [(p, o["token_ids"]) for p, o in zip(batch, base, strict=True)]
+        scores = ray.get(self.reward.score.remote(ours + theirs))
+        kl = [sum(o) - sum(r) for o, r in self.group.score(ours)]
+        n = len(batch)
+        return {"reward": sum(scores[:n]) / n, "base_reward": sum(scores[n:]) / n, "kl": sum(kl) / n,
+                "completion_tokens": sum(len(c) for _, c in ours) / n,
+                "base_completion_tokens": sum(len(c) for _, c in theirs) / n}
 
     def reward_accuracy(self, pairs: Sequence[Pair]) -> float:
         import ray

@@ -64,8 +64,10 @@ def _observe(loop: ColocatedPPO, samples: list[TrainingSample], model: str) -> i
 
 def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None = None,
                stop: threading.Event | None = None,
-               on_step: Callable[[ColocatedPPO, dict[str, float]], None] | None = None) -> HybridRun:
-    """Run the loop until `max_steps` iterations, or until `stop` is set."""
+               on_step: Callable[[ColocatedPPO, dict[str, float]], None] | None = None,
+               on_ready: Callable[[ColocatedPPO], None] | None = None) -> HybridRun:
+    """Run the loop until `max_steps` iterations, or until `stop` is set. `on_ready` is called once
+    before the first iteration, `on_step` after each (for evaluations and progress)."""
     from online_rl.hybrid.loop import ColocatedPPO
     from online_rl.tracking import ensure_experiment, mlflow_client
 
@@ -100,6 +102,8 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
                 break
             if not loop.ready:
                 continue
+            if state.steps == 0 and on_ready is not None:
+                on_ready(loop)
             metrics = loop.step()
             state.steps += 1
             state.history.append(metrics)

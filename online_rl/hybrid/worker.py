@@ -51,6 +51,7 @@ class HybridWorker:
         self.adapter_name: str | None = None
         self.syncs = 0
         self.released: list[tuple[int, int]] = []  # (param index, storage bytes) given back during generation
+        self.keep_base = True
 
     # -- the process group and the model -------------------------------------------------------
     def rendezvous(self) -> tuple[str, int]:
@@ -126,6 +127,7 @@ class HybridWorker:
         `method`: hybrid (the plan) or allgather (the baseline)."""
         start = time.perf_counter()
         self.policy.eval()
+        self.keep_base = keep_base
         stats: dict[str, Any] = {"base": None}
         with torch.no_grad():
             if self.engine is None:
@@ -188,7 +190,9 @@ class HybridWorker:
                     local.copy_(cut(self.engine.weights[names[index]], plan.generation_box(self.rank, index),
                                     plan.training_box(self.rank, index)))
             self.released = []
-            self.engine = None  # the generation copy goes with it
+        if not self.keep_base:
+            self.engine = None  # the generation copy (base and adapters) is freed
+            self.adapter_name = None
         self.policy.train()
         return {"seconds": time.perf_counter() - start, "training_resident_bytes": self._training_bytes(),
                 "generation_resident": self.engine is not None}
