@@ -32,6 +32,13 @@ def test_version_lists_the_components() -> None:
     assert "ray" in versions and "mlflow" in versions
 
 
+def test_hybrid_refuses_a_layout_that_cannot_work_before_starting_anything() -> None:
+    result = _cli("hybrid", "--max-steps", "1", ORL_HYBRID__FSDP="3", ORL_HYBRID__TP="2")
+    assert result.returncode == 2
+    assert "hybrid.tp=2 must divide" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_bad_config_is_a_message_not_a_traceback() -> None:
     result = _cli("config", ORL_RAY__NUM_CPUS="zero")
     assert result.returncode == 2

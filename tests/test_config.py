@@ -60,6 +60,8 @@ def test_explicit_arguments_beat_the_environment(monkeypatch: pytest.MonkeyPatch
     ("trainer:\n  kl_target: 1.0\n  kl_coef: 0\n", r"trainer.kl_coef=0 cannot adapt towards"),
     ("trainer:\n  eval_holdout: 0.7\n", r"trainer.eval_holdout"),
     ("trainer:\n  algorithm: grpo\n", r"trainer.algorithm"),
+    ("hybrid:\n  fsdp: 3\n  tp: 2\n", r"hybrid.tp=2 must divide hybrid.dp × hybrid.fsdp = 3"),
+    ("hybrid:\n  fsdp: 4\n  rollout_batch: 2\n", r"hybrid.rollout_batch=2 must be >= dp × fsdp = 4"),
 ])
 def test_trainer_settings_that_cannot_work_are_refused(tmp_path: Path, yaml: str, message: str) -> None:
     config = tmp_path / "orl.yaml"

@@ -115,7 +115,7 @@ def test_ppo_on_fresh_rollouts_raises_the_learned_reward_within_the_kl_target(
 
     client = mlflow_client(settings)
     version = client.get_model_version_by_alias(settings.mlflow.registered_model, "challenger")
-    assert version.version == state.published[-1].version
+    assert str(version.version) == state.published[-1].version
     folder = Path(client.download_artifacts(version.run_id, "hybrid", str(tmp_path / "dl")))
     lineage = read_lineage(next(folder.iterdir()))
     assert sum(end - first for first, end in lineage.offsets[topics.samples].values()) == len(samples)
