@@ -5,7 +5,7 @@ naive all-gather of the full weights, next to the HybridFlow paper's formulas; a
 
 1. **Planned bytes on the embedded model** (SmolLM2-135M-Instruct's real parameter shapes, float32;
    no weights loaded): for several training layouts (dp × fsdp) and tensor-parallel sizes (9 heads:
-   tp 1, 3 or 9), the most any device receives under our plan and under an all-gather of the full
+   9 heads, 3 key/value heads, MLP 1536: tp 1 or 3), the most any device receives under our plan and under an all-gather of the full
    weights over its FSDP group, with the paper's formulas: ours (tp − t_g·p_g)/(t_g·p_g·tp)·M with
    tp := fsdp and t_g·p_g := generation tp, the all-gather (n − 1)/n·M; and the memory left
    redundant during generation (training shards not inside the generation copy).
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit
 
-LAYOUTS = [(1, 3, 3), (1, 6, 3), (1, 9, 3), (2, 3, 3), (1, 3, 1), (1, 9, 9)]
+LAYOUTS = [(1, 3, 3), (1, 6, 3), (1, 12, 3), (2, 6, 3), (1, 4, 1), (1, 8, 1)]
 
 
 def planned(model_dir: Path, lora_rank: int, targets: list[str]) -> tuple[list[dict[str, Any]], float]:

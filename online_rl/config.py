@@ -306,7 +306,7 @@ class HybridConfig(BaseModel):
     tp: int = Field(
         default=1, ge=1, le=64,
         description="Generation: tensor-parallel size of each engine replica; divides dp × fsdp and the "
-        "model's attention heads (SmolLM2-135M: 1, 3 or 9).",
+        "model's attention heads and MLP width (SmolLM2-135M: 1 or 3).",
     )
     aligned: bool = Field(
         default=True, description="Shard each weight for training along the dimension generation splits it "

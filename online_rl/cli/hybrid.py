@@ -42,8 +42,10 @@ def hybrid_cmd(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    state = run_hybrid(settings, bus, max_steps=max_steps, stop=stop)
-    bus.close()
+    try:
+        state = run_hybrid(settings, bus, max_steps=max_steps, stop=stop)
+    finally:
+        bus.close()
     published = ", ".join(v.serving_name for v in state.published) or "none"
     typer.echo(f"hybrid: {state.steps} iteration(s) on {state.samples} sample(s) ({state.pairs} pairs); "
                f"published: {published}")

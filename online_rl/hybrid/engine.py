@@ -61,17 +61,19 @@ class Resharder:
         for src in self.recv:
             numel = sum(box_numel(p.box) for p in plan.transfers[(src, rank)])
             inbox[src] = torch.empty(numel, dtype=dtype, device=device)
-            ops.append(dist.irecv(inbox[src], src))
+            ops.append(dist.P2POp(dist.irecv, inbox[src], src))
         outbox = []
         for dst in self.send:
             message = self._pack(plan.transfers[(rank, dst)], shards)
             outbox.append(message)
-            ops.append(dist.isend(message, dst))
+            ops.append(dist.P2POp(dist.isend, message, dst))
+        # one batch: NCCL needs a pair's sends and receives posted together (gloo takes them one by one)
+        requests = dist.batch_isend_irecv(ops) if ops else []
         out = [torch.empty(shape, dtype=dtype, device=device) for shape in self._shapes()]
         for piece in plan.local[rank]:
             self._place(out, piece, cut(shards[piece.param], plan.training_box(rank, piece.param), piece.box))
-        for op in ops:
-            op.wait()
+        for request in requests:
+            request.wait()
         for src, message in inbox.items():
             offset = 0
             for piece in plan.transfers[(src, rank)]:

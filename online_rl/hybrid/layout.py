@@ -47,8 +47,8 @@ def chunk_range(size: int, parts: int, index: int) -> tuple[int, int]:
 
 def _even_range(size: int, parts: int, index: int, what: str) -> tuple[int, int]:
     if size % parts:
-        raise ConfigError(f"{what}: dimension {size} does not split into tensor-parallel size {parts}; "
-                          f"choose a tensor-parallel size that divides it")
+        raise ConfigError(f"{what}: dimension {size} does not split into hybrid.tp={parts} parts; choose a "
+                          f"hybrid.tp that divides it")
     step = size // parts
     return index * step, (index + 1) * step
 
@@ -75,6 +75,13 @@ class ParamSpec:
     def full(self) -> Box:
         return tuple((0, n) for n in self.shape)
 
+    def check_training(self, fsdp: int) -> None:
+        """FSDP2 shards a dimension other than 0 only evenly."""
+        if self.train_dim > 0 and self.shape[self.train_dim] % fsdp:
+            raise ConfigError(f"{self.name}: hybrid.fsdp={fsdp} must divide its dimension {self.train_dim} "
+                              f"({self.shape[self.train_dim]}) to shard it aligned with generation; choose "
+                              "such a hybrid.fsdp, or set hybrid.aligned=false")
+
     def training_box(self, fsdp: int, index: int) -> Box:
         """The slice FSDP rank `index` of `fsdp` holds."""
         box = list(self.full())
@@ -98,7 +105,7 @@ class ParamSpec:
             else:
                 if tp % self.heads:
                     raise ConfigError(f"{self.name}: {self.heads} key/value heads cannot be shared evenly by "
-                                      f"tensor-parallel size {tp}; choose a multiple of {self.heads}")
+                                      f"hybrid.tp={tp}; choose a multiple of {self.heads}")
                 first = rank * self.heads // tp
                 last = first + 1
             box[0] = (first * size, last * size)
@@ -114,7 +121,7 @@ class TrainingLayout:
 
     def __post_init__(self) -> None:
         if self.dp < 1 or self.fsdp < 1:
-            raise ConfigError(f"training layout dp={self.dp} fsdp={self.fsdp}: both must be >= 1")
+            raise ConfigError(f"hybrid.dp={self.dp}, hybrid.fsdp={self.fsdp}: both must be >= 1")
 
     @property
     def world(self) -> int:

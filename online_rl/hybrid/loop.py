@@ -67,7 +67,7 @@ class ColocatedPPO:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         share = PlacementGroupSchedulingStrategy(self.group.placement, 0)
-        device = "cuda" if self.config.gpus_per_worker else "cpu"
+        device = "cpu"  # they share device 0's bundle, whose GPU (if any) the hybrid worker holds
         threads = max(1, int(cpus))
         self.critic: Any = ray.remote(CriticWorker).options(num_cpus=0, scheduling_strategy=share).remote(
             model, self.worker_config, threads, device)
@@ -113,11 +113,13 @@ class ColocatedPPO:
         start = time.perf_counter()
         moved = self.group.to_generation(keep_base=self.config.keep_base)
         switched = time.perf_counter()
-        out = self.group.generate(prompts, self.config.max_new_tokens,
-                                  self.config.temperature if temperature is None else temperature,
-                                  seed=self.steps * 7919 if seed is None else seed)
-        generated = time.perf_counter()
-        self.group.to_training()
+        try:
+            out = self.group.generate(prompts, self.config.max_new_tokens,
+                                      self.config.temperature if temperature is None else temperature,
+                                      seed=self.steps * 7919 if seed is None else seed)
+            generated = time.perf_counter()
+        finally:
+            self.group.to_training()  # the training shards come back even when generation fails
         rollouts = [(list(p), o["token_ids"]) for p, o in zip(prompts, out, strict=True)]
         tokens = sum(len(c) for _, c in rollouts)
         adapter_bytes = max(m["adapter"]["received_bytes"] for m in moved)

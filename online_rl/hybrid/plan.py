@@ -143,14 +143,19 @@ def _assign(specs: Sequence[ParamSpec], training: TrainingLayout, tp: int) -> tu
     return tuple(roles[d] for d in range(world))
 
 
-def plan_reshard(specs: Sequence[ParamSpec], training: TrainingLayout,
-                 generation: GenerationLayout) -> ReshardPlan:
-    """The plan that moves `specs` from `training` to `generation` (see the module's description)."""
+def plan_reshard(specs: Sequence[ParamSpec], training: TrainingLayout, generation: GenerationLayout,
+                 roles: Sequence[Role] | None = None) -> ReshardPlan:
+    """The plan that moves `specs` from `training` to `generation` (see the module's description).
+    `roles`: given (e.g. the base's plan's, for its adapter), not chosen."""
     tp, world = generation.tp, training.world
     if world % tp:
-        raise ConfigError(f"hybrid.tp={tp} must divide the {world} training ranks (dp {training.dp} × fsdp "
-                          f"{training.fsdp}) so that every device serves in one engine replica")
-    roles = _assign(specs, training, tp)
+        raise ConfigError(f"hybrid.tp={tp} must divide the {world} training ranks (hybrid.dp {training.dp} × "
+                          f"hybrid.fsdp {training.fsdp}) so that every device serves in one engine replica")
+    for spec in specs:
+        spec.check_training(training.fsdp)
+    roles = tuple(roles) if roles is not None else _assign(specs, training, tp)
+    if len(roles) != world:
+        raise ValueError(f"{len(roles)} generation roles given for {world} devices")
     local: list[list[Piece]] = [[] for _ in range(world)]
     transfers: dict[tuple[int, int], list[Piece]] = defaultdict(list)
     for device in range(world):

@@ -90,9 +90,10 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
 
     client.log_batch(run_id, params=[Param(k, str(v)[:500]) for k, v in sorted(resolved.items())])
     state = HybridRun()
-    loop = ColocatedPPO(settings)
+    loop: ColocatedPPO | None = None
     failed = True
     try:
+        loop = ColocatedPPO(settings)
         for batch in stream.batch(256, timeout=0.5, idle_batches=True):
             state.pairs += _observe(loop, batch.items, settings.model.name)
             state.samples += len(batch.items)
@@ -112,13 +113,15 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
                 on_step(loop, metrics)
             if state.steps % config.publish_every_steps == 0:
                 _publish(settings, client, run_id, loop, state, config_hash)
-                batch.commit()
+                if stream.consumer is not None:  # everything the published version learned from
+                    stream.consumer.commit(dict(state.published_offsets))
             if (max_steps is not None and state.steps >= max_steps) or (stop is not None and stop.is_set()):
                 break
         failed = False
     finally:
         stream.close()
-        loop.close()
+        if loop is not None:
+            loop.close()
         client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
     return state
 

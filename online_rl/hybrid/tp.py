@@ -98,6 +98,9 @@ class TensorParallelLlama:
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         table = self.weights["model.embed_tokens.weight"]
+        if table.shape[0] == 0:  # this rank holds no vocabulary rows: it adds zeros
+            empty = torch.zeros(*ids.shape, table.shape[1], dtype=table.dtype, device=ids.device)
+            return self._all_reduce(empty)
         local = ids - self.vocab_start
         inside = (local >= 0) & (local < table.shape[0])
         out = F.embedding(local.clamp(0, table.shape[0] - 1), table) * inside.unsqueeze(-1).to(table.dtype)
@@ -127,9 +130,10 @@ class TensorParallelLlama:
         h = self._embed(ids)
         cos, sin = self.rotary(h, positions)
         past = 0 if not cache else cache[0][0].shape[2]
-        causal = torch.ones(length, past + length, dtype=torch.bool).tril(diagonal=past)
-        own = torch.zeros(length, past + length, dtype=torch.bool)
-        own[:, past:] = torch.eye(length, dtype=torch.bool)  # a padding query sees itself: no empty row
+        causal = torch.ones(length, past + length, dtype=torch.bool, device=ids.device).tril(diagonal=past)
+        own = torch.zeros(length, past + length, dtype=torch.bool, device=ids.device)
+        # a padding query sees itself: no row of the mask is empty (that would be NaN)
+        own[:, past:] = torch.eye(length, dtype=torch.bool, device=ids.device)
         mask = ((causal.unsqueeze(0) & keep[:, None, :]) | own).unsqueeze(1)
         new_cache = []
         for layer in range(self.layers):
@@ -170,8 +174,10 @@ class TensorParallelLlama:
             return []
         width = max(len(p) for p in prompts)
         pad = 0
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
-        keep = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
+        device = self.weights["model.embed_tokens.weight"].device
+        rows = [[pad] * (width - len(p)) + list(p) for p in prompts]
+        ids = torch.tensor(rows, dtype=torch.long, device=device)
+        keep = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=device)
         positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
         generator = torch.Generator().manual_seed(seed)
         out: list[list[int]] = [[] for _ in prompts]
@@ -190,7 +196,7 @@ class TensorParallelLlama:
                 break
             ids = tokens.unsqueeze(1)
             positions = positions[:, -1:] + 1
-            keep = torch.cat([keep, torch.ones(len(prompts), 1, dtype=torch.bool)], dim=1)
+            keep = torch.cat([keep, torch.ones(len(prompts), 1, dtype=torch.bool, device=device)], dim=1)
         return [Completion(t, lp, "stop" if t and t[-1] in self.eos else "length")
                 for t, lp in zip(out, logps, strict=True)]
 
@@ -198,12 +204,13 @@ class TensorParallelLlama:
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         logprobs = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
         if self.tp_rank == 0:
-            if temperature > 0:
-                tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(1)
+            if temperature > 0:  # the seeded generator lives on the CPU
+                tokens = torch.multinomial(logprobs.exp().cpu(), 1, generator=generator).squeeze(1)
+                tokens = tokens.to(logits.device)
             else:
                 tokens = logits.argmax(-1)
         else:
-            tokens = torch.empty(logits.shape[0], dtype=torch.long)
+            tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
         if self.tp > 1:
             dist.broadcast(tokens, src=self.ranks[0], group=self.group)
         return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)

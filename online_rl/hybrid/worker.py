@@ -108,7 +108,9 @@ class HybridWorker:
         self.ppo = ppo_config(config)
         generation = GenerationLayout(tp)
         self.base_plan: ReshardPlan = plan_reshard(self.base_specs, self.layout, generation)
-        self.lora_plan: ReshardPlan = plan_reshard(self.lora_specs, self.layout, generation)
+        # the adapter's shards go where the base's went: the same roles, whatever its own overlaps
+        self.lora_plan: ReshardPlan = plan_reshard(self.lora_specs, self.layout, generation,
+                                                   roles=self.base_plan.roles)
         fsdp_groups = [dist.new_group([self.layout.rank(d, f) for f in range(self.layout.fsdp)])
                        for d in range(self.layout.dp)] if self.layout.dp > 1 else [None]
         fsdp_group = fsdp_groups[self.layout.coords(rank)[0]]

@@ -119,7 +119,22 @@ def test_layouts_that_cannot_work_are_refused_with_the_setting_to_change() -> No
     specs = llama_specs(_shapes(), CONFIG)
     with pytest.raises(ConfigError, match=r"hybrid\.tp=4 must divide the 6 training ranks"):
         plan_reshard(specs, TrainingLayout(2, 3), GenerationLayout(4))
-    with pytest.raises(ConfigError, match="12 heads"):
+    with pytest.raises(ConfigError, match=r"hybrid\.fsdp=5 must divide .* or set hybrid\.aligned=false"):
         plan_reshard(specs, TrainingLayout(1, 5), GenerationLayout(5))
-    with pytest.raises(ConfigError, match="dp=0"):
+    with pytest.raises(ConfigError, match=r"12 heads.*choose a hybrid\.tp that divides it"):
+        plan_reshard(llama_specs(_shapes(), CONFIG, aligned=False), TrainingLayout(1, 5), GenerationLayout(5))
+    with pytest.raises(ConfigError, match=r"hybrid\.dp=0"):
         TrainingLayout(0, 2)
+
+
+def test_the_adapter_is_planned_onto_the_base_roles() -> None:
+    """Planned alone, an adapter's overlaps could pick other roles than the base's: it takes the base's."""
+    training, generation = TrainingLayout(2, 2), GenerationLayout(2)
+    base = plan_reshard(llama_specs(_shapes(), CONFIG, aligned=False), training, generation)
+    lora = llama_specs([("model.layers.0.self_attn.o_proj.lora_A.weight", (8, 48)),
+                        ("model.layers.0.self_attn.o_proj.lora_B.weight", (48, 8))], CONFIG, aligned=False)
+    plan = plan_reshard(lora, training, generation, roles=base.roles)
+    assert plan.roles == base.roles
+    for device in range(training.world):  # each device gets the A columns of its own tp rank
+        assert plan.generation_box(device, 0) == ((0, 8), (24 * base.roles[device].rank,
+                                                           24 * (base.roles[device].rank + 1)))
