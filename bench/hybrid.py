@@ -4,11 +4,12 @@ naive all-gather of the full weights, next to the HybridFlow paper's formulas; a
     deploy/local/env.sh .venv/bin/python bench/hybrid.py [--fsdp 4] [--tp 2] [--repeats 3]
 
 1. **Planned bytes on the embedded model** (SmolLM2-135M-Instruct's real parameter shapes, float32;
-   no weights loaded): for several training layouts (dp × fsdp) and tensor-parallel sizes (9 heads:
-   9 heads, 3 key/value heads, MLP 1536: tp 1 or 3), the most any device receives under our plan and under an all-gather of the full
-   weights over its FSDP group, with the paper's formulas: ours (tp − t_g·p_g)/(t_g·p_g·tp)·M with
-   tp := fsdp and t_g·p_g := generation tp, the all-gather (n − 1)/n·M; and the memory left
-   redundant during generation (training shards not inside the generation copy).
+   no weights loaded): for several training layouts (dp × fsdp) and tensor-parallel sizes (9 heads,
+   3 key/value heads, MLP 1536: tp 1 or 3), the most any device receives under our plan and under an
+   all-gather of the full weights over its FSDP group, with the paper's formulas: ours
+   (tp − t_g·p_g)/(t_g·p_g·tp)·M with tp := fsdp and t_g·p_g := generation tp, the all-gather
+   (n − 1)/n·M; and the memory left redundant during generation (training shards not inside the
+   generation copy).
 2. **Measured on real Ray workers** (gloo): a random Llama with the embedded tokenizer (4 layers,
    hidden 512: ~38M parameters) trained as `--fsdp` FSDP2 shards and generating at `--tp`; each
    transition (reshard the whole model; `keep_base=False`, so each is complete) is timed `--repeats`
