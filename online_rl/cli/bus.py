@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import signal
 from typing import Annotated
 
 import typer
 
 from online_rl.bus import Topics, ensure_topics, open_bus
+from online_rl.cli.signals import stop_on_signals
 from online_rl.config import load_settings
 from online_rl.events import DecodeError, Feedback, Interaction, TrainingSample, decode
 
@@ -79,16 +79,9 @@ def join_cmd(
         retention_s=max(join.retention_s, window or join.window_s),
     )
     joiner = Joiner(bus, config, topics=topics)
-    stopping = {"now": False}
-
-    def stop(signum: int, _frame: object) -> None:
-        logger.info("signal %d: finishing the current step", signum)
-        stopping["now"] = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stop = stop_on_signals("the current step")
     logger.info("joiner running on %s (window %.1fs)", type(bus).__name__, config.window_s)
-    joiner.run(lambda: stopping["now"])
+    joiner.run(stop.is_set)
     joiner.close()
     bus.close()
     typer.echo(f"joiner stopped: {dict(joiner.state.stats)}")

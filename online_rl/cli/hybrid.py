@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import logging
-import signal
-import threading
 from typing import Annotated
 
 import typer
 
 from online_rl.bus import ensure_topics, open_bus
 from online_rl.bus.topics import Topics
+from online_rl.cli.signals import stop_on_signals
 from online_rl.config import load_settings
 
 __all__ = ["hybrid_cmd"]
-
-logger = logging.getLogger(__name__)
 
 
 def hybrid_cmd(
@@ -34,14 +30,7 @@ def hybrid_cmd(
     init_ray(settings)  # before our handlers: Ray installs its own
     bus = open_bus(settings)
     ensure_topics(bus, settings.bus.partitions, Topics(settings.bus.topic_prefix))
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        logger.info("signal %d: finishing the current iteration, then stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals("the current iteration")
     try:
         state = run_hybrid(settings, bus, max_steps=max_steps, stop=stop)
     finally:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from typing import Annotated
 
 import typer
 
 from online_rl.bus import ensure_topics, open_bus
 from online_rl.bus.topics import Topics
+from online_rl.cli.signals import stop_on_signals
 from online_rl.config import load_settings
 
 __all__ = ["trainer_cmd"]
@@ -41,14 +40,7 @@ def trainer_cmd(
     init_ray(settings)  # first: Ray installs its own SIGTERM handler, which ours must replace
     bus = open_bus(settings)
     ensure_topics(bus, settings.bus.partitions, Topics(settings.bus.topic_prefix))
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        logger.info("signal %d: finishing the current step, then stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals("the current step")
     trainer = Trainer(settings, bus)
     if metrics_port:
         from prometheus_client import start_http_server

@@ -185,11 +185,6 @@ class ColocatedPPO:
                 "completion_tokens": sum(len(c) for _, c in ours) / n,
                 "base_completion_tokens": sum(len(c) for _, c in theirs) / n}
 
-    def reward_accuracy(self, pairs: Sequence[Pair]) -> float:
-        import ray
-
-        return float(ray.get(self.reward.accuracy.remote([tuple(map(list, p)) for p in pairs])))
-
     def save_adapter(self, folder: str) -> None:
         self.group.save_adapter(folder)
 

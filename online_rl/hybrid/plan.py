@@ -78,10 +78,6 @@ class ReshardPlan:
         return sum(self.bytes_of(pieces) for (src, _), pieces in self.transfers.items() if src == rank)
 
     @property
-    def total_bytes(self) -> int:
-        return sum(self.bytes_of(pieces) for pieces in self.transfers.values())
-
-    @property
     def max_received_bytes(self) -> int:
         return max(self.received_bytes(r) for r in range(self.world))
 

@@ -63,16 +63,6 @@ class RewardWorker:
         return metrics | {"reward_step_s": time.perf_counter() - start}
 
     @torch.no_grad()
-    def accuracy(self, pairs: list[Pair]) -> float:
-        """Share of `pairs` the model ranks the users' way (held-out check)."""
-        if not pairs:
-            return float("nan")
-        self.model.eval()
-        chosen = self.score([(p, c) for p, c, _ in pairs])
-        rejected = self.score([(p, r) for p, _, r in pairs])
-        return sum(c > r for c, r in zip(chosen, rejected, strict=True)) / len(pairs)
-
-    @torch.no_grad()
     def score(self, rollouts: list[tuple[list[int], list[int]]], chunk: int = 16) -> list[float]:
         """One reward per (prompt, completion)."""
         self.model.eval()
@@ -81,8 +71,3 @@ class RewardWorker:
             batch = pack([Sample(p, (c,)) for p, c in rollouts[i:i + chunk]]).to(self.device)
             out += self.model(batch).float().tolist()
         return out
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()
-                          if "lora_" in k or k.startswith("head.")},
-                "optimizer": self.optimizer.state_dict(), "seen": self.seen}

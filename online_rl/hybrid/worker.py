@@ -13,7 +13,6 @@ exists (zero redundancy), and `to_training` frees the copy and restores them.
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import asdict
 from datetime import timedelta
@@ -29,6 +28,7 @@ from online_rl.hybrid.layout import GenerationLayout, TrainingLayout, contains, 
 from online_rl.hybrid.plan import ReshardPlan, plan_reshard
 from online_rl.hybrid.tp import TensorParallelLlama
 from online_rl.trainer.ppo import ppo_config
+from online_rl.trainer.worker import PolicyWorker
 
 __all__ = ["HybridWorker"]
 
@@ -54,13 +54,7 @@ class HybridWorker:
         self.keep_base = True
 
     # -- the process group and the model -------------------------------------------------------
-    def rendezvous(self) -> tuple[str, int]:
-        import ray
-
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            port = probe.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+    rendezvous = PolicyWorker.rendezvous  # rank 0's address and a free port for the process group
 
     def join(self, address: str, port: int, rank: int, training: dict[str, int], tp: int) -> dict[str, Any]:
         """Form the process group, build and shard the policy, plan both transitions. Every device calls
@@ -303,8 +297,3 @@ class HybridWorker:
             Path(folder).mkdir(parents=True, exist_ok=True)
             save_file(state, str(Path(folder) / "adapter_model.safetensors"))
             self.policy.peft_config["default"].save_pretrained(folder)
-
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
