@@ -158,10 +158,28 @@ class InferenceConfig(BaseModel):
     max_loras: int = Field(default=4, ge=1, le=64, description="Adapters resident at once.")
     max_lora_rank: int = Field(default=16, ge=1, le=512, description="Largest LoRA rank accepted (vLLM).")
     kv_cache_gib: float = Field(default=1.0, gt=0, description="vLLM on CPU: KV cache size.")
+    vllm_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More vLLM engine arguments (AsyncEngineArgs names), e.g. {gpu_memory_utilization: "
+        "0.85, tensor_parallel_size: 2, dtype: bfloat16}; the ones this section sets are refused here.",
+    )
     log_buffer: int = Field(default=10_000, ge=1, description="Interactions held while the bus is down.")
     adapters_dir: Path | None = Field(
         default=None, description="Where adapters from MLflow are downloaded (default <cache_dir>/adapters)."
     )
+
+
+    @field_validator("vllm_args")
+    @classmethod
+    def _check_vllm_args(cls, args: dict[str, Any]) -> dict[str, Any]:
+        owned = {"model": "model.path", "max_model_len": "inference.max_model_len",
+                 "max_num_seqs": "inference.max_batch", "max_loras": "inference.max_loras",
+                 "max_cpu_loras": "inference.max_loras", "max_lora_rank": "inference.max_lora_rank",
+                 "enable_lora": "(always on)", "kv_cache_memory_bytes": "inference.kv_cache_gib"}
+        for name in args:
+            if name in owned:
+                raise ValueError(f"vllm_args.{name} is set by {owned[name]}; set it there instead")
+        return args
 
 
 class MlflowConfig(BaseModel):
@@ -410,7 +428,8 @@ class GatewayConfig(BaseModel):
     port: int = Field(default=8080, ge=1, le=65535)
     replicas: list[str] = Field(
         default_factory=lambda: ["http://127.0.0.1:8081"], min_length=1,
-        description="Base URLs of the inference replicas.",
+        description="Base URLs of the inference replicas; dns+http://host:port stands for every address "
+        "the name resolves to, re-resolved each controller pass (a Kubernetes headless Service).",
     )
     api_keys: list[str] = Field(
         default_factory=list,
@@ -433,6 +452,15 @@ class GatewayConfig(BaseModel):
         default=5.0, ge=0, description="How long a replica that refused a connection is skipped."
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+    @field_validator("replicas")
+    @classmethod
+    def _check_replicas(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://", "dns+http://", "dns+https://")):
+                raise ValueError(f"{url!r} is not a replica URL: write http://host:port, or "
+                                 "dns+http://host:port for every address of a (headless Service) name")
+        return urls
 
 
 class LaunchConfig(BaseModel):

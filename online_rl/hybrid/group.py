@@ -138,7 +138,14 @@ class HybridGroup:
         return dict(ray.get(self.workers[0].plan_summary.remote()))
 
     def save_adapter(self, folder: str) -> None:
-        self._all("save_adapter", folder)
+        """The adapter written as a PEFT folder here, on the driver's node."""
+        from pathlib import Path
+
+        files = self._all("adapter_files")[0]
+        root = Path(folder)
+        root.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (root / Path(name).name).write_bytes(data)
 
     def close(self) -> None:
         import ray

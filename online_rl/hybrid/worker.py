@@ -285,15 +285,19 @@ class HybridWorker:
                        "grad_norm": float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)}
         return metrics | {"step_s": time.perf_counter() - start}
 
-    def save_adapter(self, folder: str) -> None:
-        """The adapter as a PEFT folder (a collective: every device calls it; rank 0 writes)."""
+    def adapter_files(self) -> dict[str, bytes] | None:
+        """The adapter as a PEFT folder's files (a collective: every device calls it; rank 0 answers,
+        the others None). Bytes travel to the driver, which may run on another node."""
+        import tempfile
         from pathlib import Path
 
         from safetensors.torch import save_file
 
         state = {name.replace(".default.", "."): _full(p).detach().cpu().contiguous()
                  for name, p in self.policy.named_parameters() if p.requires_grad}
-        if self.rank == 0:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            save_file(state, str(Path(folder) / "adapter_model.safetensors"))
-            self.policy.peft_config["default"].save_pretrained(folder)
+        if self.rank != 0:
+            return None
+        with tempfile.TemporaryDirectory(prefix="orl-adapter-") as tmp:
+            save_file(state, str(Path(tmp) / "adapter_model.safetensors"))
+            self.policy.peft_config["default"].save_pretrained(tmp)
+            return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}

@@ -162,14 +162,17 @@ class RolloutLoop:
         stop a running step from being judged, nor a replica away stop MLflow from being synced)."""
         problems = []
         async with self._lock:
-            for stage in (self._sync_mlflow, self._refresh_champion, self._maybe_start, self._reconcile,
-                          self._judge):
+            for stage in (self._discover, self._sync_mlflow, self._refresh_champion, self._maybe_start,
+                          self._reconcile, self._judge):
                 try:
                     await stage()
                 except Exception as exc:  # recorded; the next tick retries
                     log.warning("rollout stage %s failed: %s", stage.__name__, exc, exc_info=True)
                     problems.append(f"{stage.__name__.strip('_')}: {type(exc).__name__}: {exc}")
         self.last_error = "; ".join(problems) or None
+
+    async def _discover(self) -> None:
+        await self.pool.discover()
 
     async def _sync_mlflow(self) -> None:
         state = self.controller.state

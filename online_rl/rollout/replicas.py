@@ -7,6 +7,11 @@ a timeout before the answer's headers, a 5xx answer, or a 404 `model_not_found` 
 restarted and has not reloaded the version yet). Only a failed connection makes a replica skipped
 for `cooldown_s`. Once an answer starts it is the client's.
 
+A replica source `dns+http://host:port` stands for every address `host` resolves to, re-resolved by
+`discover()` (the controller calls it every tick): a Kubernetes headless Service in front of an
+autoscaled inference Deployment. Replicas that appear are loaded by the controller's next
+reconcile; replicas that disappear stop being routed to.
+
 Knows aiohttp and the inference service's wire contract (`/v1/...`, `/admin/adapters`); nothing about
 FastAPI or rollouts.
 """
@@ -16,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -75,6 +82,18 @@ async def _retryable(response: aiohttp.ClientResponse) -> tuple[bool, bytes | No
     return False, None
 
 
+_DNS = "dns+"
+
+
+def _dns_source(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a `dns+http://host:port` source."""
+    parts = urlsplit(url[len(_DNS):])
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/"):
+        raise ValueError(f"gateway.replicas entry {url!r} is not dns+http://host:port (e.g. "
+                         "dns+http://online-rl-inference-pods:8081 for a headless Service)")
+    return parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
 class ReplicaPool:
     """Connections to every replica, shared by all requests (aiohttp: about half httpx's cost per
     relayed request, measured in bench/gateway.py's set-up)."""
@@ -84,7 +103,9 @@ class ReplicaPool:
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not urls:
             raise ValueError("gateway.replicas is empty: list the inference replicas' base URLs")
-        self.replicas = [Replica(url.rstrip("/")) for url in urls]
+        self._fixed = [url.rstrip("/") for url in urls if not url.startswith(_DNS)]
+        self._dns = [_dns_source(url) for url in urls if url.startswith(_DNS)]
+        self.replicas = [Replica(url) for url in self._fixed]
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._max_connections = max_connections
@@ -103,7 +124,33 @@ class ReplicaPool:
         if self._session is not None:
             await self._session.close()
 
+    async def discover(self) -> bool:
+        """Re-resolve the `dns+` sources; returns whether the replica set changed. A name that does
+        not resolve counts as no replicas (a Service scaled to zero); the fixed URLs always stay."""
+        if not self._dns:
+            return False
+        loop = asyncio.get_running_loop()
+        urls = list(self._fixed)
+        for scheme, host, port in self._dns:
+            try:
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                log.warning("replica source %s://%s:%d does not resolve: %s", scheme, host, port, exc)
+                continue
+            for address in sorted({str(info[4][0]) for info in infos}):
+                shown = f"[{address}]" if ":" in address else address
+                urls.append(f"{scheme}://{shown}:{port}")
+        known = {r.url: r for r in self.replicas}
+        fresh = [known.get(url) or Replica(url) for url in dict.fromkeys(urls)]
+        changed = [r.url for r in fresh] != [r.url for r in self.replicas]
+        if changed:
+            log.info("replicas now: %s", ", ".join(r.url for r in fresh) or "none")
+        self.replicas = fresh
+        return changed
+
     def _order(self) -> list[Replica]:
+        if not self.replicas:
+            return []
         start = self._next % len(self.replicas)
         self._next += 1
         ring = self.replicas[start:] + self.replicas[:start]

@@ -45,7 +45,7 @@ def build_engine(model_dir: Path, config: InferenceConfig, engine: str | None = 
 
         return VllmEngine(model_dir, max_model_len=config.max_model_len, max_loras=config.max_loras,
                           max_lora_rank=config.max_lora_rank, max_batch=config.max_batch,
-                          kv_cache_bytes=int(config.kv_cache_gib * (1 << 30)))
+                          kv_cache_bytes=int(config.kv_cache_gib * (1 << 30)), extra_args=config.vllm_args)
     from online_rl.serving.hf_engine import TransformersEngine
 
     return TransformersEngine(model_dir, max_batch=config.max_batch, max_model_len=config.max_model_len,

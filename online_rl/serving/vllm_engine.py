@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
+from online_rl.errors import ConfigError
 from online_rl.models.check import cpu_only, vllm_cpu_kwargs
 from online_rl.serving.engine import (
     AdapterLoadError,
@@ -41,13 +42,15 @@ class VllmEngine(Engine):
     name = "vllm"
 
     def __init__(self, model_dir: Path, *, max_model_len: int = 2048, max_loras: int = 4,
-                 max_lora_rank: int = 16, max_batch: int = 16, kv_cache_bytes: int = 1 << 30) -> None:
+                 max_lora_rank: int = 16, max_batch: int = 16, kv_cache_bytes: int = 1 << 30,
+                 extra_args: dict[str, Any] | None = None) -> None:
         self._model_dir = Path(model_dir)
         self._max_len = max_model_len
         self._max_loras = max_loras
         self._rank = max_lora_rank
         self._max_batch = max_batch
         self._kv_bytes = kv_cache_bytes
+        self._extra = dict(extra_args or {})
         self._llm: Any = None
         self._ids: dict[str, int] = {}
         self._requests: dict[str, Any] = {}
@@ -56,18 +59,30 @@ class VllmEngine(Engine):
     async def start(self) -> None:
         if self._llm is not None:
             return
-        from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.engine_args())
+
+    def engine_args(self) -> Any:
+        """vLLM's AsyncEngineArgs: this engine's settings, the CPU defaults, then `inference.vllm_args`
+        (names vLLM does not know are refused with the setting named)."""
+        import dataclasses
+
+        from vllm import AsyncEngineArgs
+
+        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        unknown = sorted(set(self._extra) - known)
+        if unknown:
+            raise ConfigError(f"inference.vllm_args has {', '.join(unknown)}, which vLLM's engine arguments "
+                              "do not have; use AsyncEngineArgs names (e.g. gpu_memory_utilization)")
         extra: dict[str, Any] = {}
         if cpu_only():
             extra = vllm_cpu_kwargs() | {"kv_cache_memory_bytes": self._kv_bytes}
-        args = AsyncEngineArgs(
+        return AsyncEngineArgs(
             model=str(self._model_dir), max_model_len=self._max_len, max_num_seqs=self._max_batch,
             enable_lora=True, max_loras=self._max_loras, max_cpu_loras=self._max_loras,
-            max_lora_rank=_vllm_rank(self._rank), seed=0, **extra,  # type: ignore[arg-type]
+            max_lora_rank=_vllm_rank(self._rank), seed=0, **(extra | self._extra),  # type: ignore[arg-type]
         )
-        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
 
     @property
     def max_model_len(self) -> int:

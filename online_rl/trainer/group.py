@@ -10,6 +10,7 @@ SPREAD separates them). It knows nothing about the bus, checkpoints on disk or M
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from online_rl.trainer.checkpoint import Checkpoint
@@ -177,9 +178,13 @@ class WorkerGroup:
             ray.get(self.critic.restore.remote(checkpoint.critic))
 
     def save_adapter(self, folder: str) -> None:
+        """Rank 0's adapter written as a PEFT folder here, on the driver's node."""
         import ray
 
-        ray.get(self.workers[0].save_adapter.remote(folder))
+        root = Path(folder)
+        root.mkdir(parents=True, exist_ok=True)
+        for name, data in ray.get(self.workers[0].adapter_files.remote()).items():
+            (root / Path(name).name).write_bytes(data)
 
     def context_length(self) -> int:
         import ray

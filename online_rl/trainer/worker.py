@@ -260,10 +260,14 @@ class PolicyWorker:
         for group in self.optimizer.param_groups:  # the configured rate wins over the checkpoint's
             group["lr"] = self.config["learning_rate"]
 
-    def save_adapter(self, folder: str) -> None:
-        """Write the trained adapter as a PEFT folder (safetensors + adapter_config.json)."""
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        self.policy.save_pretrained(folder, safe_serialization=True, selected_adapters=["default"])
+    def adapter_files(self) -> dict[str, bytes]:
+        """The trained adapter as a PEFT folder's files (safetensors + adapter_config.json), by name:
+        bytes travel back to the driver, which may run on another node than this worker."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="orl-adapter-") as tmp:
+            self.policy.save_pretrained(tmp, safe_serialization=True, selected_adapters=["default"])
+            return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}
 
     def context_length(self) -> int:
         return self.max_tokens

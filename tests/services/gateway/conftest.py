@@ -136,10 +136,12 @@ StackFactory = Callable[..., Stack]
 
 @pytest.fixture
 def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> Iterator[StackFactory]:
-    """Start the whole stack; `extra_replicas` are URLs listed before the real ones (e.g. a dead one)."""
+    """Start the whole stack; `extra_replicas` are URLs listed before the real ones (e.g. a dead one);
+    `dns` lists the real ones as `dns+http://localhost:<port>` sources."""
     with ExitStack() as stack:
 
-        def make(extra_replicas: tuple[str, ...] = (), joiner: bool = True, **rollout: Any) -> Stack:
+        def make(extra_replicas: tuple[str, ...] = (), joiner: bool = True, dns: bool = False,
+                 **rollout: Any) -> Stack:
             root = tmp_path / uuid.uuid4().hex[:6]
             settings, keys = stack_settings(root, steerable_model, kafka_bootstrap, ["http://unused"],
                                             **rollout)
@@ -148,7 +150,8 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
             topics = Topics(settings.bus.topic_prefix)
             ensure_topics(bus, settings.bus.partitions, topics)
             replicas = [stack.enter_context(serve(inference_app(settings, bus=bus))) for _ in range(2)]
-            gateway = settings.gateway.model_copy(update={"replicas": [*extra_replicas, *replicas]})
+            listed = [u.replace("http://127.0.0.1:", "dns+http://localhost:") if dns else u for u in replicas]
+            gateway = settings.gateway.model_copy(update={"replicas": [*extra_replicas, *listed]})
             settings = settings.model_copy(update={"gateway": gateway})
             if joiner:
                 _start_joiner(stack, bus, topics)

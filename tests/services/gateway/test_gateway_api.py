@@ -15,7 +15,7 @@ from online_rl.registry import alias_version
 from online_rl.tracking import mlflow_client
 from tests.conftest import TINY_NAME
 from tests.services.feedback.conftest import free_port
-from tests.services.gateway.conftest import Stack, StackFactory
+from tests.services.gateway.conftest import GOOD, Stack, StackFactory
 from tests.test_cli import _cli
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -79,6 +79,22 @@ def test_streams_and_fails_over_past_a_dead_replica(make_stack: StackFactory) ->
     logged = [decode(r.value or b"", Interaction) for r in stack.bus.read_all(stack.topics.interactions)]
     assert sorted(i.user_id for i in logged) == ["u0", "u0", "u1", "u2", "u3"]
     assert {i.model for i in logged} == {TINY_NAME} and {i.adapter_version for i in logged} == {None}
+
+
+def test_replicas_found_by_dns_serve_and_get_the_challenger(make_stack: StackFactory) -> None:
+    """What the Helm chart does: the gateway lists a (headless Service) name, not the pods."""
+    stack = make_stack(dns=True, joiner=False)
+    ready = httpx.get(stack.url + "/readyz").json()
+    assert ready["status"] == "ready" and ready["replicas_up"] >= 2  # localhost: 127.0.0.1 (and ::1)
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key=stack.key, max_retries=0)
+    answer = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=3, temperature=0, user="u0")
+    assert answer.model == TINY_NAME
+    version = stack.publish(GOOD)
+    status = stack.wait(lambda s: s["rollout"] is not None and s["rollout"]["challenger"] == version)
+    assert status["rollout"]["status"] == "running" and status["rollout"]["weight"] > 0
+    for url in stack.replicas:  # the discovered replicas were loaded, each of them
+        assert f"policy-v{version}" in stack.replica_adapters(url)
 
 
 def test_controls_are_audited_and_survive_a_restart(make_stack: StackFactory) -> None:
