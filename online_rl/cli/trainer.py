@@ -9,6 +9,7 @@ import typer
 
 from online_rl.bus import ensure_topics, open_bus
 from online_rl.bus.topics import Topics
+from online_rl.cli.health import announce_health
 from online_rl.cli.signals import stop_on_signals
 from online_rl.config import load_settings
 
@@ -46,6 +47,7 @@ def trainer_cmd(
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port, registry=trainer.metrics.registry)
+        announce_health(f"http://127.0.0.1:{metrics_port}/metrics")
         logger.info("metrics on http://0.0.0.0:%d/metrics", metrics_port)
     state = trainer.run(max_steps=max_steps, stop=stop, idle_exit_s=idle_exit)
     bus.close()

@@ -1,0 +1,187 @@
+{{/* Names, labels, images and the wiring every component shares. */}}
+
+{{- define "orl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "orl.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else if contains (include "orl.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "orl.name" .) | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "orl.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "orl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "gateway") */}}
+{{- define "orl.selector" -}}
+app.kubernetes.io/name: {{ include "orl.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "orl.componentLabels" -}}
+{{ include "orl.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "orl.serviceAccount" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "orl.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "orl.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "orl.gpuImage" -}}
+{{- printf "%s:%s" .Values.image.repository (default (printf "%s-gpu" .Chart.AppVersion) .Values.image.gpuTag) -}}
+{{- end -}}
+
+{{/* Where things are inside the pods (the image's layout, deploy/docker/). */}}
+{{- define "orl.configPath" -}}/etc/online-rl/config/config.yaml{{- end -}}
+{{- define "orl.keysPath" -}}/etc/online-rl/keys/api-keys{{- end -}}
+{{- define "orl.statePath" -}}/var/lib/online-rl/state{{- end -}}
+
+{{- define "orl.keysSecret" -}}
+{{- default (printf "%s-api-keys" (include "orl.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "orl.kafkaCluster" -}}{{ include "orl.fullname" . }}-kafka{{- end -}}
+
+{{- define "orl.bootstrap" -}}
+{{- if eq .Values.kafka.mode "external" -}}
+{{- required "kafka.external.bootstrapServers is required with kafka.mode=external (host:port[,host:port])" .Values.kafka.external.bootstrapServers -}}
+{{- else -}}
+{{- printf "%s-kafka-bootstrap:9092" (include "orl.kafkaCluster" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "orl.mlflowUri" -}}
+{{- if eq .Values.mlflow.mode "external" -}}
+{{- required "mlflow.external.trackingUri is required with mlflow.mode=external (e.g. http://mlflow.ml.svc:5000)" .Values.mlflow.external.trackingUri -}}
+{{- else -}}
+{{- printf "http://%s-mlflow:5000" (include "orl.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "orl.port" -}}
+{{- $section := index .ctx.Values.config .section | default dict -}}
+{{- index $section "port" | default .default | int -}}
+{{- end -}}
+{{- define "orl.inferencePort" -}}{{ include "orl.port" (dict "ctx" . "section" "inference" "default" 8081) }}{{- end -}}
+{{- define "orl.feedbackPort" -}}{{ include "orl.port" (dict "ctx" . "section" "feedback_api" "default" 8082) }}{{- end -}}
+{{- define "orl.gatewayPort" -}}{{ include "orl.port" (dict "ctx" . "section" "gateway" "default" 8080) }}{{- end -}}
+
+{{/* The settings every component reads: the user's tree with the chart's wiring laid over it. */}}
+{{- define "orl.config" -}}
+{{- $c := deepCopy (.Values.config | default dict) -}}
+{{- range $path := list "kafka.bootstrap_servers" "mlflow.tracking_uri" "mlflow.artifact_root" "ray.address" "gateway.replicas" "gateway.upstream_api_key" "gateway.api_keys_file" "inference.api_keys_file" "feedback_api.api_keys_file" "trainer.checkpoint_dir" "gateway.rollout.state_dir" "inference.adapters_dir" "cache_dir" "inference.host" "gateway.host" "feedback_api.host" "bus.embedded_path" -}}
+{{- $parts := splitList "." $path -}}
+{{- $node := $c -}}
+{{- range $i, $p := $parts -}}
+{{- if and (kindIs "map" $node) (hasKey $node $p) -}}
+{{- if eq (add1 $i) (len $parts) -}}
+{{- fail (printf "config.%s is set by the chart (it wires the components together); remove it from your values (see docs/deploy.md)" $path) -}}
+{{- end -}}
+{{- $node = index $node $p -}}
+{{- else -}}
+{{- $node = "" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $state := include "orl.statePath" . -}}
+{{- $keys := include "orl.keysPath" . -}}
+{{- $wiring := dict
+  "kafka" (dict "bootstrap_servers" (include "orl.bootstrap" .))
+  "mlflow" (dict "tracking_uri" (include "orl.mlflowUri" .))
+  "ray" (dict "address" "auto")
+  "inference" (dict "host" "0.0.0.0" "api_keys_file" $keys "adapters_dir" "/tmp/online-rl/adapters")
+  "feedback_api" (dict "host" "0.0.0.0" "api_keys_file" $keys)
+  "gateway" (dict "host" "0.0.0.0" "api_keys_file" $keys
+      "replicas" (list (printf "dns+http://%s-inference-pods:%s" (include "orl.fullname" .) (include "orl.inferencePort" .)))
+      "rollout" (dict "state_dir" (printf "%s/rollout" $state)))
+  "trainer" (dict "checkpoint_dir" (printf "%s/checkpoints" $state))
+-}}
+{{- toYaml (mustMergeOverwrite $c $wiring) -}}
+{{- end -}}
+
+{{/* Pod-level pieces every online-rl container shares. */}}
+{{- define "orl.podSecurity" -}}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+serviceAccountName: {{ include "orl.serviceAccount" . }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "orl.env" -}}
+- name: ORL_CONFIG
+  value: {{ include "orl.configPath" . }}
+- name: ORL_LOG_FORMAT
+  value: json
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{- end -}}
+
+{{- define "orl.configVolume" -}}
+- name: config
+  configMap:
+    name: {{ include "orl.fullname" . }}-config
+{{- end -}}
+
+{{- define "orl.keysVolume" -}}
+- name: api-keys
+  secret:
+    secretName: {{ include "orl.keysSecret" . }}
+    items:
+      - key: api-keys
+        path: api-keys
+{{- end -}}
+
+{{- define "orl.modelVolume" -}}
+{{- with .Values.modelVolume }}
+- name: model
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "orl.configMounts" -}}
+- name: config
+  mountPath: /etc/online-rl/config
+  readOnly: true
+{{- if .Values.modelVolume }}
+- name: model
+  mountPath: /models
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "orl.keysMount" -}}
+- name: api-keys
+  mountPath: /etc/online-rl/keys
+  readOnly: true
+{{- end -}}
+
+{{/* Restart pods when what they read changes. */}}
+{{- define "orl.checksums" -}}
+checksum/config: {{ include "orl.config" . | sha256sum }}
+checksum/keys: {{ printf "%s%s" (toJson .Values.auth.apiKeys) .Values.auth.existingSecret | sha256sum }}
+{{- end -}}
