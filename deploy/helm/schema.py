@@ -56,7 +56,8 @@ def main() -> int:
     text = json.dumps(render(current), indent=2) + "\n"
     if args.check:
         if text != SCHEMA_FILE.read_text():
-            print(f"{SCHEMA_FILE} is out of date: run .venv/bin/python deploy/helm/schema.py", file=sys.stderr)
+            print(f"{SCHEMA_FILE} is out of date: run .venv/bin/python deploy/helm/schema.py",
+                  file=sys.stderr)
             return 1
         return 0
     SCHEMA_FILE.write_text(text)
