@@ -38,9 +38,24 @@ if ! command -v chromium >/dev/null 2>&1 && [ "${ORL_SKIP_BROWSER:-0}" != 1 ]; t
   fi
 fi
 
+# The Helm CLI for the chart's tests (tests/deploy), built from the Go module proxy into the venv.
+helm_version=v4.3.2
+ensure_helm() {
+  if [ -x "$venv/bin/helm" ] && "$venv/bin/helm" version --template '{{.Version}}' 2>/dev/null | grep -q "^${helm_version%.*}"; then
+    return 0
+  fi
+  command -v go >/dev/null 2>&1 || die "Go is needed to build the Helm CLI (go install helm.sh/helm/v4/cmd/helm@$helm_version)"
+  say "building helm $helm_version with go install (about 2 minutes, once)"
+  mkdir -p "$venv/bin"
+  GOPATH=${GOPATH:-${ORL_CACHE_DIR:-$HOME/.cache/online-rl}/go} GOBIN="$venv/bin" GOFLAGS=-mod=mod \
+    go install "helm.sh/helm/v4/cmd/helm@$helm_version" >/dev/null \
+    || die "could not build helm (go install helm.sh/helm/v4/cmd/helm@$helm_version)"
+}
+
 key=$(cat "$root/pyproject.toml" "$root/requirements/lock-$device.txt" "$root/deploy/setup.sh" | sha256sum | cut -d' ' -f1)-$device
 stamp=$venv/.online-rl-setup
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && "$venv/bin/python" -c "import online_rl" 2>/dev/null; then
+  ensure_helm
   say "up to date ($device, $venv)"
   exit 0
 fi
@@ -92,5 +107,6 @@ fi
 
 "$venv/bin/python" -c "import online_rl, torch, transformers, vllm" \
   || die "the environment was installed but does not import; remove $venv and run make setup again"
+ensure_helm
 echo "$key" > "$stamp"
 say "done in $((SECONDS - start))s ($device, $venv)"
