@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from online_rl.bus import Topics, ensure_topics, open_bus
+from online_rl.cli.health import Heartbeat
 from online_rl.cli.signals import stop_on_signals
 from online_rl.config import load_settings
 from online_rl.events import DecodeError, Feedback, Interaction, TrainingSample, decode
@@ -80,8 +81,14 @@ def join_cmd(
     )
     joiner = Joiner(bus, config, topics=topics)
     stop = stop_on_signals("the current step")
+    heartbeat = Heartbeat()  # for a liveness probe: the loop goes round at least every poll timeout
     logger.info("joiner running on %s (window %.1fs)", type(bus).__name__, config.window_s)
-    joiner.run(stop.is_set)
+
+    def done() -> bool:
+        heartbeat.beat()
+        return stop.is_set()
+
+    joiner.run(done)
     joiner.close()
     bus.close()
     typer.echo(f"joiner stopped: {dict(joiner.state.stats)}")

@@ -148,6 +148,11 @@ def test_referenced_secrets_configmaps_and_claims_exist(rendered: tuple[Path, li
             assert mounts <= {v["name"] for v in pod.spec.get("volumes", [])}, pod.owner
 
 
+# Environment variables the command line reads itself (everything else ORL_* is a setting).
+PROCESS_ENV = {"ORL_CONFIG": "online_rl/config.py", "ORL_LOG_FORMAT": "online_rl/cli/app.py",
+               "ORL_HEARTBEAT_FILE": "online_rl/cli/health.py", "ORL_HEALTH_FILE": "online_rl/cli/health.py"}
+
+
 def _setting_exists(env_name: str) -> bool:
     """Whether ORL_<SECTION>__<FIELD>... names a field of the settings tree."""
     model: Any = Settings
@@ -173,7 +178,8 @@ def _settings_of(pod: Pod, container: dict[str, Any], objects: list[dict[str, An
     for name in [n for n in os.environ if n.startswith("ORL_")]:
         monkeypatch.delenv(name)
     for name, item in env.items():
-        if name in ("ORL_CONFIG", "ORL_LOG_FORMAT"):
+        if name in PROCESS_ENV:  # read by the command line, not settings: check that it is read
+            assert name in (ROOT / PROCESS_ENV[name]).read_text(), f"{name} is read nowhere"
             continue
         if not name.startswith("ORL_"):
             continue

@@ -46,3 +46,37 @@ def test_the_announced_url_is_checked(server: str, tmp_path: Path, monkeypatch: 
 def test_a_component_without_an_endpoint_is_healthy_while_it_runs(tmp_path: Path) -> None:
     result = _cli("healthcheck", ORL_HEALTH_FILE=str(tmp_path / "none"))
     assert result.returncode == 0 and "no health URL" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_joiner_beats_while_it_runs_and_a_stale_heartbeat_is_unhealthy(tmp_path: Path) -> None:
+    """The joiner's liveness probe (the chart's exec probe), against a real joiner on the embedded bus."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    beat = tmp_path / "heartbeat"
+    env = {**os.environ, "ORL_CACHE_DIR": str(tmp_path / "cache"), "ORL_HEARTBEAT_FILE": str(beat)}
+    env.pop("ORL_KAFKA__BOOTSTRAP_SERVERS", None)
+    assert _cli("healthcheck", ORL_HEARTBEAT_FILE=str(beat)).returncode == 1  # no heartbeat yet
+    joiner = subprocess.Popen([sys.executable, "-m", "online_rl.cli", "join"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not beat.exists():
+            assert joiner.poll() is None and time.monotonic() < deadline, "the joiner never beat"
+            time.sleep(0.5)
+        first = beat.stat().st_mtime
+        time.sleep(6)
+        assert beat.stat().st_mtime > first  # it keeps beating while it runs
+        alive = _cli("healthcheck", "--heartbeat-age", "120", ORL_HEARTBEAT_FILE=str(beat))
+        assert alive.returncode == 0 and "heartbeat" in alive.stdout
+    finally:
+        joiner.send_signal(signal.SIGTERM)
+        assert joiner.wait(timeout=60) == 0
+    old = time.time() - 600
+    os.utime(beat, (old, old))  # a loop stuck for ten minutes
+    stuck = _cli("healthcheck", "--heartbeat-age", "120", ORL_HEARTBEAT_FILE=str(beat))
+    assert stuck.returncode == 1 and "old" in stuck.stderr

@@ -156,13 +156,6 @@ imagePullSecrets:
         path: api-keys
 {{- end -}}
 
-{{- define "orl.modelVolume" -}}
-{{- with .Values.modelVolume }}
-- name: model
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- end -}}
-
 {{- define "orl.configMounts" -}}
 - name: config
   mountPath: /etc/online-rl/config
