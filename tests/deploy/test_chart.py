@@ -4,6 +4,7 @@ together the way the code reads them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -255,9 +256,12 @@ def test_each_component_loads_its_settings_and_finds_the_others(
             if pod.component == "inference" and spec.get("inference", {}).get("gpu", {}).get("enabled"):
                 assert settings.inference.engine == "vllm"
                 assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
-            if spec.get("modelVolume") and settings.model.path is not None:
-                mount = next(m for m in container["volumeMounts"] if m["name"] == "model")
-                assert settings.model.path.is_relative_to(mount["mountPath"])
+            mounted = [m for m in container["volumeMounts"] if m["name"] == "model"]
+            if pod.component in ("inference", "trainer-head", "trainer-worker") and spec.get("modelVolume"):
+                assert settings.model.path is not None and settings.model.path.is_relative_to(
+                    mounted[0]["mountPath"])  # the model is read where the volume is
+            elif pod.component in ("feedback", "joiner"):
+                assert not mounted  # a read-once claim is not needed (nor attachable) everywhere
     assert {"inference", "gateway", "feedback", "joiner"} <= checked
 
 
@@ -272,7 +276,9 @@ def test_only_the_gateway_and_feedback_api_are_reachable_from_outside(
         rendered: tuple[Path, list[dict[str, Any]]]) -> None:
     values, objects = rendered
     policies = by_kind(objects, "NetworkPolicy")
-    if yaml.safe_load(values.read_text()).get("networkPolicy", {}).get("enabled", True) is False:
+    settings = yaml.safe_load(values.read_text()).get("networkPolicy", {})
+    scrapers = settings.get("metricsFrom", [])
+    if settings.get("enabled", True) is False:
         assert not policies
         return
     release = {"app.kubernetes.io/instance": "orl"}
@@ -289,10 +295,11 @@ def test_only_the_gateway_and_feedback_api_are_reachable_from_outside(
             for peer in rule["from"]:
                 if "podSelector" in peer and "namespaceSelector" not in peer:
                     assert selects(peer["podSelector"], release | {"app.kubernetes.io/name": "online-rl"})
-                elif pod.component.startswith("trainer"):
-                    assert peer == {"namespaceSelector": {}}  # in-cluster only: the KubeRay operator
-                else:  # Prometheus, when metricsFrom names it
-                    assert "namespaceSelector" in peer
+                elif peer in scrapers:  # Prometheus, where the values name it
+                    continue
+                else:  # the KubeRay operator, to the Ray head's dashboard only
+                    assert pod.component.startswith("trainer")
+                    assert [p["port"] for p in rule["ports"]] == [8265]
 
 
 # -- custom resources -----------------------------------------------------------------------------
@@ -364,6 +371,10 @@ REFUSED = [
     (("mlflow.replicas=2",), "mlflow.replicas > 1 needs a database backend: set mlflow.database"),
     (("kafka.strimzi.minInsyncReplicas=4",), "kafka.strimzi.minInsyncReplicas must not exceed"),
     (("ingress.enabled=true", "ingress.tls.enabled=true"), "ingress.tls.secretName is required"),
+    (("config.trainer.workers=2", "config.trainer.gpus_per_worker=1", "trainer.workers.gpus=1",
+      "trainer.workers.minReplicas=1", "trainer.workers.maxReplicas=1"),
+     "config.trainer asks Ray for 3 GPU bundles of 1 GPU (2 workers + the PPO critic's own), but "
+     "trainer.workers offers 1 GPUs"),
 ]
 
 
@@ -386,6 +397,11 @@ def test_the_upstream_key_is_the_gateways_and_the_inference_pods_accept_it() -> 
     store = ApiKeyStore(json.loads(secret["entries"]))
     info = store.verify(secret["key"])
     assert info is not None and info.allows("inference") and info.allows("admin")
+    digest = hashlib.sha256(secret["key"].encode()).hexdigest()
+    for pod in pods(objects):  # a new key restarts both sides together (no 401 between them)
+        if pod.component in ("gateway", "inference"):
+            deployment = named(objects, "Deployment", pod.owner.split("/", 1)[1])
+            assert deployment["spec"]["template"]["metadata"]["annotations"]["checksum/upstream"] == digest
     again = render(CHART / "ci" / "minimal-values.yaml", "auth.upstreamKey=orl_fixed")
     assert named(again, "Secret", "orl-online-rl-upstream-key")["stringData"]["key"] == "orl_fixed"
 
@@ -403,3 +419,14 @@ def test_the_config_schema_is_generated_from_the_settings() -> None:
     result = subprocess.run([sys.executable, str(ROOT / "deploy" / "helm" / "schema.py"), "--check"],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
+
+
+def test_long_release_names_stay_within_what_kubernetes_and_the_operators_accept() -> None:
+    long = "a-very-long-release-name-for-a-team-staging"
+    objects = render(CHART / "ci" / "minimal-values.yaml", release=long)
+    (pool,) = by_kind(objects, "KafkaNodePool")
+    (kafka,) = by_kind(objects, "Kafka")
+    assert len(f"{kafka['metadata']['name']}-{pool['metadata']['name']}-0") <= 63  # Strimzi's pod names
+    (job,) = by_kind(objects, "RayJob")
+    assert len(job["metadata"]["name"]) <= 47  # KubeRay's limit on RayJob names
+    assert all(len(o["metadata"]["name"]) <= 63 for o in objects)

@@ -48,11 +48,14 @@ def test_what_the_build_copies_and_installs_is_in_the_repository(parsed: Dockerf
             for source in sources:
                 assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
     text = DOCKERFILE.read_text()
-    for device in ("cpu", "gpu"):  # both variants install their lock file
-        assert (ROOT / "requirements" / f"lock-{device}.txt").is_file()
-    assert "requirements/lock-${DEVICE}.txt" in text
-    lock = (ROOT / "requirements" / "lock-gpu.txt").read_text()
-    assert re.search(r"^vllm==", lock, re.M) and re.search(r"^psycopg2-binary==", lock, re.M)
+    assert "requirements/image-${DEVICE}.txt" in text
+    for device in ("cpu", "gpu"):  # both variants: the dev lock's versions, no dev tools, the server extra
+        image = _pins(ROOT / "requirements" / f"image-{device}.txt")
+        lock = _pins(ROOT / "requirements" / f"lock-{device}.txt")
+        assert {"torch", "ray", "mlflow", "psycopg2-binary", "aiohttp-cors", "opencensus"} <= set(image)
+        assert not {"pytest", "playwright", "kubernetes-validate"} & set(image)
+        assert all(image[name] == version for name, version in lock.items() if name in image)
+    assert "vllm" in _pins(ROOT / "requirements" / "image-gpu.txt")
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored  # the context stays small
 
@@ -84,3 +87,8 @@ def yaml_values() -> dict[str, Any]:
     import yaml
 
     return dict(yaml.safe_load((CHART / "values.yaml").read_text()))
+
+
+def _pins(file: Path) -> dict[str, str]:
+    lines = file.read_text().splitlines()
+    return dict(line.split("==", 1) for line in lines if re.match(r"^[A-Za-z0-9]", line) and "==" in line)

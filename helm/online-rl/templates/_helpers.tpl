@@ -118,6 +118,12 @@ app.kubernetes.io/component: {{ .component }}
       "rollout" (dict "state_dir" (printf "%s/rollout" $state)))
   "trainer" (dict "checkpoint_dir" (printf "%s/checkpoints" $state))
 -}}
+{{- $trainer := index $c "trainer" | default dict -}}
+{{- if not (hasKey $trainer "cpus_per_worker") -}}
+{{- $cpu := toString (dig "workers" "resources" "requests" "cpu" "1" .Values.trainer) -}}
+{{- $cores := ternary (divf (trimSuffix "m" $cpu | float64) 1000.0) ($cpu | float64) (hasSuffix "m" $cpu) -}}
+{{- $_ := set $wiring.trainer "cpus_per_worker" (max 1.0 $cores) -}}
+{{- end -}}
 {{- toYaml (mustMergeOverwrite $c $wiring) -}}
 {{- end -}}
 
@@ -156,21 +162,44 @@ imagePullSecrets:
         path: api-keys
 {{- end -}}
 
+{{/* The settings, and the model volume where the model is read: (dict "ctx" $ "model" bool) */}}
 {{- define "orl.configMounts" -}}
-- name: config
-  mountPath: /etc/online-rl/config
-  readOnly: true
-{{- if .Values.modelVolume }}
+{{ include "orl.configMount" .ctx }}
+{{- if and .model .ctx.Values.modelVolume }}
 - name: model
   mountPath: /models
   readOnly: true
 {{- end }}
 {{- end -}}
 
+{{- define "orl.configMount" -}}
+- name: config
+  mountPath: /etc/online-rl/config
+  readOnly: true
+{{- end -}}
+
 {{- define "orl.keysMount" -}}
 - name: api-keys
   mountPath: /etc/online-rl/keys
   readOnly: true
+{{- end -}}
+
+{{/* The gateway's key to the inference pods: the given one, else the Secret's (kept across
+upgrades), else a new one. Computed once per render, so the Secret and the checksums agree. */}}
+{{- define "orl.upstreamKey" -}}
+{{- if not .Values.auth.upstreamKey -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (printf "%s-upstream-key" (include "orl.fullname" .)) -}}
+{{- $key := printf "orl_%s" (randAlphaNum 43) -}}
+{{- if and $existing $existing.data (hasKey $existing.data "key") -}}
+{{- $key = index $existing.data "key" | b64dec -}}
+{{- end -}}
+{{- $_ := set .Values.auth "upstreamKey" $key -}}
+{{- end -}}
+{{- .Values.auth.upstreamKey -}}
+{{- end -}}
+
+{{- define "orl.upstreamChecksum" -}}
+checksum/upstream: {{ include "orl.upstreamKey" . | sha256sum }}
 {{- end -}}
 
 {{/* Restart pods when what they read changes. */}}
