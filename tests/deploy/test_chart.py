@@ -253,6 +253,10 @@ def test_each_component_loads_its_settings_and_finds_the_others(
             if pod.component == "trainer-head":
                 _assert_on_volume(pod, container, settings.checkpoint_dir)
                 assert settings.ray.address == "auto"  # the RayJob's driver joins its own cluster
+                workers = [p for p in pods(objects) if p.component == "trainer-worker"]
+                cpu = str(workers[0].containers[0]["resources"]["requests"]["cpu"])
+                cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+                assert settings.trainer.cpus_per_worker == max(1.0, cores)  # each rank fits a worker pod
             if pod.component == "inference" and spec.get("inference", {}).get("gpu", {}).get("enabled"):
                 assert settings.inference.engine == "vllm"
                 assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1

@@ -122,7 +122,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- if not (hasKey $trainer "cpus_per_worker") -}}
 {{- $cpu := toString (dig "workers" "resources" "requests" "cpu" "1" .Values.trainer) -}}
 {{- $cores := ternary (divf (trimSuffix "m" $cpu | float64) 1000.0) ($cpu | float64) (hasSuffix "m" $cpu) -}}
-{{- $_ := set $wiring.trainer "cpus_per_worker" (max 1.0 $cores) -}}
+{{- $_ := set $wiring.trainer "cpus_per_worker" (maxf 1.0 $cores) -}}
 {{- end -}}
 {{- toYaml (mustMergeOverwrite $c $wiring) -}}
 {{- end -}}
