@@ -139,13 +139,9 @@ class HybridGroup:
 
     def save_adapter(self, folder: str) -> None:
         """The adapter written as a PEFT folder here, on the driver's node."""
-        from pathlib import Path
+        from online_rl.registry.lineage import write_folder
 
-        files = self._all("adapter_files")[0]
-        root = Path(folder)
-        root.mkdir(parents=True, exist_ok=True)
-        for name, data in files.items():
-            (root / Path(name).name).write_bytes(data)
+        write_folder(folder, self._all("adapter_files")[0])
 
     def close(self) -> None:
         import ray

@@ -293,6 +293,8 @@ class HybridWorker:
 
         from safetensors.torch import save_file
 
+        from online_rl.registry.lineage import folder_files
+
         state = {name.replace(".default.", "."): _full(p).detach().cpu().contiguous()
                  for name, p in self.policy.named_parameters() if p.requires_grad}
         if self.rank != 0:
@@ -300,4 +302,4 @@ class HybridWorker:
         with tempfile.TemporaryDirectory(prefix="orl-adapter-") as tmp:
             save_file(state, str(Path(tmp) / "adapter_model.safetensors"))
             self.policy.peft_config["default"].save_pretrained(tmp)
-            return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}
+            return folder_files(Path(tmp))

@@ -6,8 +6,10 @@ from online_rl.registry.lineage import (
     AdapterRejected,
     LineageManifest,
     file_sha256,
+    folder_files,
     read_lineage,
     verify_adapter_dir,
+    write_folder,
     write_lineage,
 )
 from online_rl.registry.publish import (
@@ -29,9 +31,11 @@ __all__ = [
     "alias_version",
     "download_version",
     "file_sha256",
+    "folder_files",
     "publish_adapter",
     "read_lineage",
     "serving_name",
     "verify_adapter_dir",
+    "write_folder",
     "write_lineage",
 ]

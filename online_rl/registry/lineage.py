@@ -24,8 +24,10 @@ __all__ = [
     "AdapterRejected",
     "LineageManifest",
     "file_sha256",
+    "folder_files",
     "read_lineage",
     "verify_adapter_dir",
+    "write_folder",
     "write_lineage",
 ]
 
@@ -139,3 +141,17 @@ def verify_adapter_dir(folder: Path, base_model: str | None = None) -> LineageMa
                 "the files were changed or corrupted after the version was made: re-download it"
             )
     return manifest
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """An adapter folder's files by name: how an adapter travels between Ray nodes and processes."""
+    return {f.name: f.read_bytes() for f in Path(folder).iterdir() if f.is_file()}
+
+
+def write_folder(folder: Path | str, files: dict[str, bytes]) -> Path:
+    """Write `folder_files`' result back as a folder (names are taken as plain file names)."""
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (root / Path(name).name).write_bytes(data)
+    return root

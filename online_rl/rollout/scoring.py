@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from online_rl.events import TrainingSample
-from online_rl.registry import adapter_files
+from online_rl.registry import adapter_files, write_folder
 from online_rl.rollout.offpolicy import OffPolicyEstimate, snips
 
 if TYPE_CHECKING:
@@ -66,8 +66,7 @@ class LogprobScorer:
         with self._lock, tempfile.TemporaryDirectory(prefix="orl-gate-") as tmp:
             if self._model is None:
                 self._load()
-            for name, data in adapter_files(self.client, self.registered, version).items():
-                (Path(tmp) / name).write_bytes(data)
+            write_folder(tmp, adapter_files(self.client, self.registered, version))
             self._lora.install(serving_name, MultiLora.prepare(Path(tmp)))
             try:
                 targets = []

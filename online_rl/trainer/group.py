@@ -10,9 +10,9 @@ SPREAD separates them). It knows nothing about the bus, checkpoints on disk or M
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from online_rl.registry.lineage import write_folder
 from online_rl.trainer.checkpoint import Checkpoint
 from online_rl.trainer.samples import Routed, shard
 
@@ -181,10 +181,7 @@ class WorkerGroup:
         """Rank 0's adapter written as a PEFT folder here, on the driver's node."""
         import ray
 
-        root = Path(folder)
-        root.mkdir(parents=True, exist_ok=True)
-        for name, data in ray.get(self.workers[0].adapter_files.remote()).items():
-            (root / Path(name).name).write_bytes(data)
+        write_folder(folder, ray.get(self.workers[0].adapter_files.remote()))
 
     def context_length(self) -> int:
         import ray

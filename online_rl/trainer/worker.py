@@ -37,6 +37,7 @@ from online_rl.algos.batch import (
 )
 from online_rl.algos.logprobs import reference_policy
 from online_rl.algos.policy import LoraSpec, lora_policy, trainable_parameters
+from online_rl.registry.lineage import folder_files, write_folder
 from online_rl.trainer.checkpoint import Checkpoint, capture_rng
 from online_rl.trainer.ppo import ppo_config
 from online_rl.trainer.samples import Shard
@@ -215,9 +216,8 @@ class PolicyWorker:
             # PEFT draws a fresh adapter's init from the global RNG: keep the training stream intact
             with (tempfile.TemporaryDirectory(prefix="orl-adapter-") as folder,
                   torch.random.fork_rng(devices=[])):
-                for file_name, data in files.items():
-                    (Path(folder) / Path(file_name).name).write_bytes(data)
-                self.policy.load_adapter(folder, adapter_name=name, is_trainable=False)
+                self.policy.load_adapter(str(write_folder(folder, files)), adapter_name=name,
+                                         is_trainable=False)
             self.policy.to(self.device)
         self.policy.set_adapter("default")
         self.policy.train()  # load_adapter(is_trainable=False) puts the whole model in eval mode
@@ -267,7 +267,7 @@ class PolicyWorker:
 
         with tempfile.TemporaryDirectory(prefix="orl-adapter-") as tmp:
             self.policy.save_pretrained(tmp, safe_serialization=True, selected_adapters=["default"])
-            return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}
+            return folder_files(Path(tmp))
 
     def context_length(self) -> int:
         return self.max_tokens

@@ -434,3 +434,12 @@ def test_long_release_names_stay_within_what_kubernetes_and_the_operators_accept
     (job,) = by_kind(objects, "RayJob")
     assert len(job["metadata"]["name"]) <= 47  # KubeRay's limit on RayJob names
     assert all(len(o["metadata"]["name"]) <= 63 for o in objects)
+
+
+def test_the_trainer_is_a_token_authenticated_ray_job_that_resumes() -> None:
+    (job,) = by_kind(render(CHART / "ci" / "minimal-values.yaml"), "RayJob")
+    spec = job["spec"]
+    assert spec["entrypoint"].startswith("online-rl trainer")
+    assert spec["rayClusterSpec"]["authOptions"] == {"mode": "token"}  # Ray 2.60's dashboard wants one
+    assert spec["backoffLimit"] >= 1 and spec["shutdownAfterJobFinishes"] is True
+    assert spec["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # actors on workers
