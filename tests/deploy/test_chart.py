@@ -286,6 +286,10 @@ def test_only_the_gateway_and_feedback_api_are_reachable_from_outside(
         assert not policies
         return
     release = {"app.kubernetes.io/instance": "orl"}
+    for kafka in by_kind(objects, "Kafka"):  # Strimzi's listener policy: the release's pods only
+        (peer,) = kafka["spec"]["kafka"]["listeners"][0]["networkPolicyPeers"]
+        assert all(selects(peer["podSelector"], p.labels) for p in pods(objects))
+        assert not selects(peer["podSelector"], {"app.kubernetes.io/instance": "another-release"})
     for pod in pods(objects):
         governing = [p for p in policies if selects(p["spec"]["podSelector"], pod.labels)]
         assert governing, f"{pod.owner} is open to everyone: no NetworkPolicy selects it"
