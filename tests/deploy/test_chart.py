@@ -32,7 +32,8 @@ from tests.deploy.chart import (
     selects,
 )
 
-K8S_VERSION = "1.33.0"  # kubernetes-validate's schemas for a supported cluster version
+# The oldest cluster the chart supports (Chart.yaml's kubeVersion) and the newest kubernetes-validate knows.
+K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 CUSTOM_GROUPS = ("ray.io/", "kafka.strimzi.io/", "monitoring.coreos.com/")
 IDS = [f.stem for f in VALUES_FILES]
 
@@ -56,12 +57,13 @@ def test_every_object_is_valid_kubernetes(rendered: tuple[Path, list[dict[str, A
     _, objects = rendered
     builtin = [o for o in objects if not o["apiVersion"].startswith(CUSTOM_GROUPS)]
     assert builtin
-    for obj in builtin:
-        try:
-            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            raise AssertionError(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message} at "
-                                 f"{'.'.join(map(str, exc.path))}") from exc
+    for version in K8S_VERSIONS:
+        for obj in builtin:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                raise AssertionError(f"Kubernetes {version}: {obj['kind']}/{obj['metadata']['name']}: "
+                                     f"{exc.message} at {'.'.join(map(str, exc.path))}") from exc
 
 
 def test_the_expected_objects_are_there(rendered: tuple[Path, list[dict[str, Any]]]) -> None:
