@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from online_rl.registry.lineage import verify_adapter_dir
+from online_rl.registry.lineage import folder_files, verify_adapter_dir
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -117,4 +117,4 @@ def adapter_files(client: MlflowClient, registered_model: str, version: str) -> 
     with tempfile.TemporaryDirectory(prefix="orl-version-") as tmp:
         folder = download_version(client.tracking_uri, registered_model, version, Path(tmp))
         verify_adapter_dir(folder)
-        return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+        return folder_files(folder)

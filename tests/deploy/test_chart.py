@@ -384,7 +384,8 @@ REFUSED = [
     (("config.trainer.workers=2", "config.trainer.gpus_per_worker=1", "trainer.workers.gpus=1",
       "trainer.workers.minReplicas=1", "trainer.workers.maxReplicas=1"),
      "config.trainer asks Ray for 3 GPU bundles of 1 GPU (2 workers + the PPO critic's own), but "
-     "trainer.workers offers 1 GPUs"),
+     "trainer.workers holds 1"),
+    (("config.trainer.gpus_per_worker=2", "trainer.workers.gpus=1"), "trainer.workers holds 0"),
 ]
 
 
@@ -407,7 +408,7 @@ def test_the_upstream_key_is_the_gateways_and_the_inference_pods_accept_it() -> 
     store = ApiKeyStore(json.loads(secret["entries"]))
     info = store.verify(secret["key"])
     assert info is not None and info.allows("inference") and info.allows("admin")
-    digest = hashlib.sha256(secret["key"].encode()).hexdigest()
+    digest = hashlib.sha256(f"checksum:{secret['key']}".encode()).hexdigest()  # salted: not the stored hash
     for pod in pods(objects):  # a new key restarts both sides together (no 401 between them)
         if pod.component in ("gateway", "inference"):
             deployment = named(objects, "Deployment", pod.owner.split("/", 1)[1])
@@ -449,3 +450,12 @@ def test_the_trainer_is_a_token_authenticated_ray_job_that_resumes() -> None:
     assert spec["rayClusterSpec"]["authOptions"] == {"mode": "token"}  # Ray 2.60's dashboard wants one
     assert spec["backoffLimit"] >= 1 and spec["shutdownAfterJobFinishes"] is True
     assert spec["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # actors on workers
+
+
+def test_a_gpu_trainer_without_ppo_needs_no_bundle_for_the_critic() -> None:
+    gpu = ("config.trainer.gpus_per_worker=1", "trainer.workers.gpus=1", "trainer.workers.minReplicas=1",
+           "trainer.workers.maxReplicas=1", "trainer.workers.replicas=1")
+    (job,) = by_kind(render(None, *KEYS, *gpu, "config.trainer.algorithm=dpo"), "RayJob")
+    assert job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] == 1
+    with pytest.raises(RenderError, match="the PPO critic's own"):
+        render(None, *KEYS, *gpu, "config.trainer.algorithm=ppo")

@@ -120,7 +120,8 @@ app.kubernetes.io/component: {{ .component }}
 -}}
 {{- $trainer := index $c "trainer" | default dict -}}
 {{- if not (hasKey $trainer "cpus_per_worker") -}}
-{{- $cpu := toString (dig "workers" "resources" "requests" "cpu" "1" .Values.trainer) -}}
+{{- $requested := dig "workers" "resources" "requests" "cpu" "1" .Values.trainer -}}
+{{- $cpu := toString (dig "workers" "resources" "limits" "cpu" $requested .Values.trainer) -}}{{/* KubeRay gives Ray the limit first */}}
 {{- $cores := ternary (divf (trimSuffix "m" $cpu | float64) 1000.0) ($cpu | float64) (hasSuffix "m" $cpu) -}}
 {{- $_ := set $wiring.trainer "cpus_per_worker" (maxf 1.0 $cores) -}}
 {{- end -}}
@@ -199,7 +200,7 @@ upgrades), else a new one. Computed once per render, so the Secret and the check
 {{- end -}}
 
 {{- define "orl.upstreamChecksum" -}}
-checksum/upstream: {{ include "orl.upstreamKey" . | sha256sum }}
+checksum/upstream: {{ printf "checksum:%s" (include "orl.upstreamKey" .) | sha256sum }}
 {{- end -}}
 
 {{/* Restart pods when what they read changes. */}}
