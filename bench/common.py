@@ -53,6 +53,14 @@ def start_cli_service(args: list[str], env: dict[str, str], url: str, what: str,
     raise SystemExit(f"the {what} did not become ready")
 
 
+def embedded_env(work: Path, model_dir: Path) -> dict[str, str]:
+    """The environment of services that share one run folder: the embedded bus, an MLflow SQLite
+    store and the given model, no Kafka."""
+    return {"ORL_CACHE_DIR": str(work / "cache"), "ORL_BUS__EMBEDDED_PATH": str(work / "bus.db"),
+            "ORL_KAFKA__BOOTSTRAP_SERVERS": "", "ORL_MODEL__PATH": str(model_dir),
+            "ORL_MLFLOW__TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print the result as the last line of output: one JSON object."""
     print(json.dumps(result, sort_keys=True), flush=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import emit, start_cli_service
+from bench.common import embedded_env, emit, start_cli_service
 from bench.gateway import Run, closed_loop
 from online_rl.config import load_settings
 from online_rl.ingest import new_key
@@ -67,9 +67,7 @@ def main() -> None:
     runs: dict[str, list[Run]] = {"fixed": [], "dns": []}
     with tempfile.TemporaryDirectory(prefix="orl-bench-deploy-") as tmp:
         work = Path(tmp)
-        common = {"ORL_CACHE_DIR": str(work / "cache"), "ORL_BUS__EMBEDDED_PATH": str(work / "bus.db"),
-                  "ORL_KAFKA__BOOTSTRAP_SERVERS": "", "ORL_MODEL__PATH": str(model_dir),
-                  "ORL_MLFLOW__TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
+        common = embedded_env(work, model_dir)
         keys = json.dumps([f"{client_hash} inference", f"{admin_hash} admin"])
         gateway_env = {"ORL_GATEWAY__UPSTREAM_API_KEY": upstream, "ORL_GATEWAY__ROLLOUT__INTERVAL_S": "1",
                        "ORL_GATEWAY__API_KEYS": keys}

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.common import emit, start_cli_service
+from bench.common import embedded_env, emit, start_cli_service
 from online_rl.config import load_settings
 from online_rl.ingest import new_key
 from online_rl.models import EMBEDDED_MODEL_ID, prepare_embedded_model
@@ -132,9 +132,7 @@ def main() -> None:
     _, admin_hash = new_key()
     with tempfile.TemporaryDirectory(prefix="orl-bench-gateway-") as tmp:
         work = Path(tmp)
-        common = {"ORL_CACHE_DIR": str(work / "cache"), "ORL_BUS__EMBEDDED_PATH": str(work / "bus.db"),
-                  "ORL_KAFKA__BOOTSTRAP_SERVERS": "", "ORL_MODEL__PATH": str(model_dir),
-                  "ORL_MLFLOW__TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
+        common = embedded_env(work, model_dir)
         replica = "http://127.0.0.1:18481"
         gateway = "http://127.0.0.1:18480"
         processes = [start_cli_service(["serve", "inference", "--port", "18481"], common | {
