@@ -158,10 +158,16 @@ class InferenceConfig(BaseModel):
     max_loras: int = Field(default=4, ge=1, le=64, description="Adapters resident at once.")
     max_lora_rank: int = Field(default=16, ge=1, le=512, description="Largest LoRA rank accepted (vLLM).")
     kv_cache_gib: float = Field(default=1.0, gt=0, description="vLLM on CPU: KV cache size.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="The serving dtype: auto picks bfloat16 where the device runs it natively and faster "
+        "(measured once per machine on a CPU), else float32; vLLM gets it as its dtype.",
+    )
     vllm_args: dict[str, Any] = Field(
         default_factory=dict,
         description="More vLLM engine arguments (AsyncEngineArgs names), e.g. {gpu_memory_utilization: "
-        "0.85, tensor_parallel_size: 2, dtype: bfloat16}; the ones this section sets are refused here.",
+        "0.85, tensor_parallel_size: 2}; the ones this section sets are refused here (dtype: "
+        "inference.precision).",
     )
     log_buffer: int = Field(default=10_000, ge=1, description="Interactions held while the bus is down.")
     adapters_dir: Path | None = Field(
@@ -175,7 +181,8 @@ class InferenceConfig(BaseModel):
         owned = {"model": "model.path", "max_model_len": "inference.max_model_len",
                  "max_num_seqs": "inference.max_batch", "max_loras": "inference.max_loras",
                  "max_cpu_loras": "inference.max_loras", "max_lora_rank": "inference.max_lora_rank",
-                 "enable_lora": "(always on)", "kv_cache_memory_bytes": "inference.kv_cache_gib"}
+                 "enable_lora": "(always on)", "kv_cache_memory_bytes": "inference.kv_cache_gib",
+                 "dtype": "inference.precision"}
         for name in args:
             if name in owned:
                 raise ValueError(f"vllm_args.{name} is set by {owned[name]}; set it there instead")
@@ -225,8 +232,11 @@ class TrainerConfig(BaseModel):
     )
     learning_rate: float = Field(default=5e-5, gt=0, le=1.0, description="AdamW learning rate.")
     beta: float = Field(default=0.1, gt=0, description="DPO/KTO beta: the strength of the KL anchor.")
-    precision: Literal["fp32", "bf16"] = Field(
-        default="fp32", description="bf16: base weights in bfloat16, adapter in float32 (fast on AMX/GPUs)."
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="auto: bfloat16 where the device runs it natively and faster (a GPU with native bf16; "
+        "on a CPU, measured once per machine), else float32; bf16: base weights in bfloat16, adapter in "
+        "float32 (fast on AMX CPUs and GPUs, ~90x slower on AVX2-only CPUs); fp32: everything float32.",
     )
     lora_rank: int = Field(default=8, ge=1, le=256, description="LoRA rank.")
     lora_alpha: int = Field(default=16, ge=1, description="LoRA alpha (scale = alpha / rank).")
@@ -358,6 +368,12 @@ class HybridConfig(BaseModel):
     cpus_per_worker: float | None = Field(
         default=None, gt=0, description="CPUs per hybrid device. Empty: ray.num_cpus / (dp × fsdp).")
     gpus_per_worker: float = Field(default=0.0, ge=0, description="GPUs per device (NCCL above 0).")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="Matrix products of the policy's training passes, the critic and the reward model: "
+        "auto picks bfloat16 where the device runs it natively and faster, else float32 (the weights the "
+        "HybridEngine reshards stay float32).",
+    )
 
     @property
     def world(self) -> int:

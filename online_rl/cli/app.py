@@ -12,7 +12,7 @@ import logging
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -28,9 +28,12 @@ from online_rl.cli.rollout import rollout_app
 from online_rl.cli.serve import keys_app, serve_app
 from online_rl.cli.simulate import simulate_cmd
 from online_rl.cli.trainer import trainer_cmd
-from online_rl.config import load_settings
+from online_rl.config import Settings, load_settings
 from online_rl.errors import OnlineRLError
 from online_rl.logs import LogFormat, configure_logging
+
+if TYPE_CHECKING:
+    from online_rl.hardware import PrecisionChoice
 
 __all__ = ["app", "main"]
 
@@ -77,27 +80,53 @@ def _root(
 
 @app.command("version")
 def version_cmd(
+    ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Print the online-rl version and the versions of the components it runs on."""
+    """Print the online-rl version, the versions of the components it runs on, this machine, and what
+    `precision: auto` picks on it."""
+    from online_rl.hardware import machine_info, machine_line
+
     found: dict[str, str] = {"online-rl": __version__}
     for name in _COMPONENTS:
         try:
             found[name] = version(name)
         except PackageNotFoundError:
             continue
+    choices = _precisions(load_settings(ctx.obj["config"]))
     if as_json:
-        typer.echo(json.dumps(found))
+        typer.echo(json.dumps(found | {"machine": machine_info(),
+                                       "precision": {k: c.as_dict() for k, c in choices.items()}}))
         return
     for name, ver in found.items():
         typer.echo(f"{name} {ver}")
+    typer.echo(machine_line())
+    for setting, choice in choices.items():
+        typer.echo(f"{setting}: {choice.describe()}")
+
+
+def _precisions(settings: Settings) -> dict[str, PrecisionChoice]:
+    """What each `precision` setting resolves to on this machine's CPU (a GPU decides for itself when
+    the component runs on one), with the threads each local component gets."""
+    from online_rl.hardware import model_hidden_size, resolve_precision
+
+    hidden = model_hidden_size(settings.model_dir)
+    threads = settings.trainer.cpus_per_worker
+    return {f"{section}.precision": resolve_precision(
+                getattr(settings, section).precision, "cpu", hidden,
+                max(1, int(threads)) if section == "trainer" and threads else None, settings.cache_dir,
+                f"{section}.precision", log_choice=False)
+            for section in ("trainer", "inference", "hybrid")}
 
 
 @app.command("config")
 def config_cmd(ctx: typer.Context) -> None:
-    """Print the fully resolved configuration (defaults < YAML file < ORL_* environment)."""
+    """Print the fully resolved configuration (defaults < YAML file < ORL_* environment) on stdout, and
+    what each `precision` resolves to on this machine on stderr."""
     settings = load_settings(ctx.obj["config"])
     typer.echo(settings.model_dump_json(indent=2))
+    for setting, choice in _precisions(settings).items():
+        typer.echo(f"# on this machine {setting}: {choice.describe()}", err=True)
 
 
 def main() -> None:

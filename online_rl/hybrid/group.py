@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from online_rl.errors import ConfigError
+from online_rl.ray_runtime import resolve_precision_on
 
 __all__ = ["HybridGroup", "split"]
 
@@ -27,7 +29,8 @@ class HybridGroup:
     """`dp × fsdp` hybrid workers in one Ray placement group, joined in one process group."""
 
     def __init__(self, model_dir: str, config: dict[str, Any], dp: int = 1, fsdp: int = 1, tp: int = 1,
-                 cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, placement: str = "PACK") -> None:
+                 cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, placement: str = "PACK",
+                 cache_dir: Path | None = None) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -47,6 +50,16 @@ class HybridGroup:
                                f"{ray.cluster_resources()}); lower hybrid.dp/fsdp or cpus_per_worker"
                                ) from error
         device = "cuda" if gpus_per_worker else "cpu"
+        try:  # `precision: auto` is decided on device 0, with its threads
+            self.precision = resolve_precision_on(
+                PlacementGroupSchedulingStrategy(self.placement, 0),
+                {"num_cpus": cpus_per_worker, "num_gpus": gpus_per_worker},
+                str(config.get("precision", "fp32")), device, model_dir, max(1, int(cpus_per_worker)),
+                cache_dir, "hybrid.precision")
+        except Exception:
+            ray.util.remove_placement_group(self.placement)
+            raise
+        config = {**config, "precision": self.precision.precision}
         remote: Any = ray.remote(HybridWorker)
         self.workers = [
             remote.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,

@@ -38,7 +38,7 @@ def worker_config(settings: Settings) -> dict[str, Any]:
     `hybrid`."""
     trainer, hybrid = settings.trainer, settings.hybrid
     return {"seed": trainer.seed, "lora_rank": trainer.lora_rank, "lora_alpha": trainer.lora_alpha,
-            "lora_targets": list(trainer.lora_targets), "precision": "fp32",
+            "lora_targets": list(trainer.lora_targets), "precision": hybrid.precision,
             "learning_rate": hybrid.learning_rate, "ppo_epochs": hybrid.ppo_epochs,
             "kl_coef": hybrid.kl_coef, "kl_target": hybrid.kl_target,
             "critic_learning_rate": hybrid.critic_learning_rate, "aligned": hybrid.aligned,
@@ -53,7 +53,7 @@ class ColocatedPPO:
         import ray
 
         from online_rl.hybrid.reward import RewardWorker
-        from online_rl.ray_runtime import init_ray
+        from online_rl.ray_runtime import init_ray, resolve_precision_on
         from online_rl.trainer.critic import CriticWorker
 
         init_ray(settings)
@@ -62,13 +62,19 @@ class ColocatedPPO:
         model = str(settings.model_dir)
         cpus = self.config.cpus_per_worker or max(1.0, float(settings.ray.num_cpus // self.config.world))
         self.group = HybridGroup(model, self.worker_config, self.config.dp, self.config.fsdp, self.config.tp,
-                                 cpus, self.config.gpus_per_worker)
+                                 cpus, self.config.gpus_per_worker, cache_dir=settings.cache_dir)
         # the critic and the reward model time-share device 0's bundle, as verl colocates them
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         share = PlacementGroupSchedulingStrategy(self.group.placement, 0)
         device = "cpu"  # they share device 0's bundle, whose GPU (if any) the hybrid worker holds
         threads = max(1, int(cpus))
+        self.precision = self.group.precision
+        if self.config.gpus_per_worker:  # the policy's choice was the GPU's: theirs is the CPU's
+            self.precision = resolve_precision_on(
+                share, {"num_cpus": 0}, self.config.precision, device, model, threads, settings.cache_dir,
+                "hybrid.precision (CPU)")
+        self.worker_config = {**self.worker_config, "precision": self.precision.precision}
         self.critic: Any = ray.remote(CriticWorker).options(num_cpus=0, scheduling_strategy=share).remote(
             model, self.worker_config, threads, device)
         self.reward: Any = ray.remote(RewardWorker).options(num_cpus=0, scheduling_strategy=share).remote(

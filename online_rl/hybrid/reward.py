@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from online_rl.algos import RewardModel, RewardModelConfig, Sample, pack
-from online_rl.algos.batch import reward_batch_loss
+from online_rl.algos.batch import autocast, reward_batch_loss
 from online_rl.algos.policy import LoraSpec, lora_policy
 
 __all__ = ["RewardWorker"]
@@ -33,7 +33,8 @@ class RewardWorker:
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         spec = LoraSpec(rank=config["lora_rank"], alpha=config["lora_alpha"],
                         targets=tuple(config["lora_targets"]))
-        self.model = RewardModel(lora_policy(base, spec)).to(device)
+        self.precision = config.get("precision", "fp32")
+        self.model = RewardModel(lora_policy(base, spec, self.precision)).to(device)
         self.device = device
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                            lr=config["reward_learning_rate"])
@@ -54,7 +55,7 @@ class RewardWorker:
         self.model.train()
         for _ in range(steps):
             batch = self.random.sample(list(self.window), min(self.batch, len(self.window)))
-            out = reward_batch_loss(self.model, batch, self.loss_config)
+            out = reward_batch_loss(self.model, batch, self.loss_config, self.precision)
             out.loss.backward()
             torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
             self.optimizer.step()
@@ -69,5 +70,6 @@ class RewardWorker:
         out: list[float] = []
         for i in range(0, len(rollouts), chunk):
             batch = pack([Sample(p, (c,)) for p, c in rollouts[i:i + chunk]]).to(self.device)
-            out += self.model(batch).float().tolist()
+            with autocast(self.precision, self.device.split(":")[0]):
+                out += self.model(batch).float().tolist()
         return out

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from online_rl.algos import Sample, pack, policy_loss
+from online_rl.algos.batch import autocast
 from online_rl.algos.policy import LoraSpec, lora_policy
 from online_rl.hybrid.engine import Resharder, TransitionStats, cut
 from online_rl.hybrid.layout import GenerationLayout, TrainingLayout, contains, llama_specs
@@ -242,7 +243,8 @@ class HybridWorker:
         the embedding and the tied LM head included, is gathered on the way)."""
         from online_rl.algos.attention import packed_attention
 
-        with packed_attention(self.model_config):
+        with packed_attention(self.model_config), autocast(self.config.get("precision", "fp32"),
+                                                           self.device.split(":")[0]):
             logits = self.policy(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
                                  packed_layout=batch.attention, logits_to_keep=batch.predict_at).logits[0]
         logits = logits.float()

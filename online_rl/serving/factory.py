@@ -37,16 +37,29 @@ def choose_engine(setting: str) -> EngineName:
     return "transformers"
 
 
-def build_engine(model_dir: Path, config: InferenceConfig, engine: str | None = None) -> Engine:
-    """Build the engine named by `engine` (default: the config's choice) on `model_dir`."""
+def build_engine(model_dir: Path, config: InferenceConfig, engine: str | None = None,
+                 cache_dir: Path | None = None) -> Engine:
+    """Build the engine named by `engine` (default: the config's choice) on `model_dir`, in the dtype
+    `inference.precision` resolves to on this machine (measured once, cached under `cache_dir`)."""
+    import torch
+
+    from online_rl.hardware import model_hidden_size, resolve_precision
+
     name = choose_engine(engine or config.engine)
+    device = "cuda" if name == "vllm" and torch.cuda.is_available() else "cpu"
+    precision = resolve_precision(config.precision, device, model_hidden_size(model_dir), cache_dir=cache_dir,
+                                  what="inference.precision").precision
     if name == "vllm":
         from online_rl.serving.vllm_engine import VllmEngine
 
         return VllmEngine(model_dir, max_model_len=config.max_model_len, max_loras=config.max_loras,
                           max_lora_rank=config.max_lora_rank, max_batch=config.max_batch,
-                          kv_cache_bytes=int(config.kv_cache_gib * (1 << 30)), extra_args=config.vllm_args)
+                          kv_cache_bytes=int(config.kv_cache_gib * (1 << 30)), extra_args=config.vllm_args,
+                          dtype=_DTYPES[precision])
     from online_rl.serving.hf_engine import TransformersEngine
 
     return TransformersEngine(model_dir, max_batch=config.max_batch, max_model_len=config.max_model_len,
-                              max_loras=config.max_loras)
+                              max_loras=config.max_loras, dtype=_DTYPES[precision])
+
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}

@@ -89,6 +89,7 @@ class TransformersEngine(Engine):
         max_model_len: int = 2048,
         max_loras: int = 4,
         batch_wait_s: float = 0.005,
+        dtype: str = "float32",
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
@@ -99,7 +100,9 @@ class TransformersEngine(Engine):
         self._max_len = max_model_len
         self._max_loras = max_loras
         self._batch_wait = batch_wait_s
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        if dtype not in ("float32", "bfloat16"):
+            raise EngineError(f"dtype {dtype!r} is not float32 or bfloat16 (inference.precision)")
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
         base.eval()
         self._model: Any = base
         self._lora = MultiLora(base)

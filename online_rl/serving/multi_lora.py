@@ -115,7 +115,9 @@ class MultiLora:
                     or b.shape[0] != layer.base.out_features:
                 raise AdapterLoadError(f"the adapter's {path} does not fit this model (another base?)")
         for path, (a, b) in adapter.weights.items():
-            self._wrapped[path].adapters[name] = (a, b, adapter.scaling)
+            layer = self._wrapped[path]
+            dtype = layer.base.weight.dtype  # a bfloat16 base computes its deltas in bfloat16 too
+            layer.adapters[name] = (a.to(dtype), b.to(dtype), adapter.scaling)
         self._installed[name] = list(adapter.weights)
 
     def remove(self, name: str) -> None:

@@ -43,8 +43,9 @@ class VllmEngine(Engine):
 
     def __init__(self, model_dir: Path, *, max_model_len: int = 2048, max_loras: int = 4,
                  max_lora_rank: int = 16, max_batch: int = 16, kv_cache_bytes: int = 1 << 30,
-                 extra_args: dict[str, Any] | None = None) -> None:
+                 extra_args: dict[str, Any] | None = None, dtype: str | None = None) -> None:
         self._model_dir = Path(model_dir)
+        self._dtype = dtype
         self._max_len = max_model_len
         self._max_loras = max_loras
         self._rank = max_lora_rank
@@ -81,7 +82,8 @@ class VllmEngine(Engine):
         return AsyncEngineArgs(
             model=str(self._model_dir), max_model_len=self._max_len, max_num_seqs=self._max_batch,
             enable_lora=True, max_loras=self._max_loras, max_cpu_loras=self._max_loras,
-            max_lora_rank=_vllm_rank(self._rank), seed=0, **(extra | self._extra),  # type: ignore[arg-type]
+            max_lora_rank=_vllm_rank(self._rank), seed=0,  # type: ignore[arg-type]
+            **(extra | ({"dtype": self._dtype} if self._dtype else {}) | self._extra),
         )
 
     @property

@@ -30,6 +30,7 @@ from online_rl.bus import Bus, DeadLetters, TopicPartition, open_bus
 from online_rl.bus.topics import Topics
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
+from online_rl.hardware import machine_line
 from online_rl.registry import (
     LINEAGE_NAME,
     PublishedVersion,
@@ -158,7 +159,10 @@ class Trainer:
                                                   "base_model": self.settings.model.name})
         self._run_id = run.info.run_id
         flat = {k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in self.resolved.items()}
-        client.log_batch(self._run_id, params=_params(flat | {"base_model": self.settings.model.name}))
+        choice = self._group.precision  # what `precision` resolved to on the workers' device, and why
+        flat |= {"base_model": self.settings.model.name, "precision_resolved": choice.precision,
+                 "precision_reason": choice.reason, "machine": machine_line(choice.precision)}
+        client.log_batch(self._run_id, params=_params(flat))
         self.base_sha256 = _base_fingerprint(self.settings.model_dir)
         self.cold_start: list[TrainingSample] = []
         if self.config.cold_start is not None and self.config.cold_start_weight > 0:

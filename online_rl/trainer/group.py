@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from online_rl.ray_runtime import resolve_precision_on
 from online_rl.registry.lineage import write_folder
 from online_rl.trainer.checkpoint import Checkpoint
 from online_rl.trainer.samples import Routed, shard
@@ -48,6 +49,16 @@ class WorkerGroup:
                 f" (cluster: {ray.cluster_resources()}); lower trainer.workers or trainer.cpus_per_worker"
             ) from error
         device = "cuda" if trainer.gpus_per_worker else "cpu"
+        # `precision: auto` is decided where the ranks compute: rank 0's bundle, its device, its threads
+        try:
+            self.precision = resolve_precision_on(
+                PlacementGroupSchedulingStrategy(self.placement, 0),
+                {"num_cpus": cpus, "num_gpus": trainer.gpus_per_worker}, str(config["precision"]), device,
+                str(settings.model_dir), max(1, int(cpus)), settings.cache_dir, "trainer.precision")
+        except Exception:
+            ray.util.remove_placement_group(self.placement)
+            raise
+        config = {**config, "precision": self.precision.precision}
         self._critic_args = (settings, config, cpus, bundle, device)
         self.critic: Any = None
         self.critic_placement: Any = None

@@ -40,7 +40,7 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
     service_bus = bus or open_bus(settings)
     topics = Topics(settings.bus.topic_prefix)
     ensure_topics(service_bus, settings.bus.partitions, topics)
-    engine = engine or build_engine(settings.model_dir, api)
+    engine = engine or build_engine(settings.model_dir, api, cache_dir=settings.cache_dir)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(settings.model_dir))

@@ -187,3 +187,21 @@ async def test_requests_joining_a_running_batch_get_the_same_tokens_as_alone(
     for got, expected in zip(joined, alone[1:], strict=True):
         assert got[0] == expected[0]
         assert torch.allclose(torch.tensor(got[1]), torch.tensor(expected[1]), atol=1e-4)
+
+
+async def test_a_bfloat16_engine_serves_the_base_and_adapters(tiny_model: Path, adapters: list[Path]) -> None:
+    """`inference.precision` resolving to bf16 (a CPU with fast bf16 units, a GPU): the base is held in
+    bfloat16, adapters are installed in its dtype, and answers match a bfloat16 PEFT model's greedy ones."""
+    made = TransformersEngine(tiny_model, max_batch=4, max_model_len=64, max_loras=2, dtype="bfloat16")
+    try:
+        assert next(made._model.parameters()).dtype == torch.bfloat16
+        await made.load_adapter("a0", adapters[0])
+        base_ids, base_logprobs, _ = await complete(made, PROMPTS[0], None, max_tokens=6)
+        ids, logprobs, _ = await complete(made, PROMPTS[0], "a0", max_tokens=6)
+        assert ids != base_ids  # the adapter (scaled up in the fixture) changes the answer
+        assert all(torch.isfinite(torch.tensor(base_logprobs + logprobs)))
+        peft = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.bfloat16), str(adapters[0]))
+        assert ids == greedy(peft.eval(), PROMPTS[0], 6)
+    finally:
+        await made.close()
