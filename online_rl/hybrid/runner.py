@@ -11,6 +11,7 @@ begins again from the last committed offsets (see docs/hybrid.md).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from online_rl.bus import Bus, TopicPartition, open_bus
+from online_rl.bus import Bus, CommitFailed, TopicPartition, open_bus
 from online_rl.bus.topics import Topics
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
@@ -105,16 +106,17 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
                 continue
             if state.steps == 0 and on_ready is not None:
                 on_ready(loop)
-            metrics = loop.step()
-            state.steps += 1
-            state.history.append(metrics)
-            client.log_batch(run_id, metrics=_metrics(metrics, state.steps))
-            if on_step is not None:
-                on_step(loop, metrics)
-            if state.steps % config.publish_every_steps == 0:
-                _publish(settings, client, run_id, loop, state, config_hash)
-                if stream.consumer is not None:  # everything the published version learned from
-                    stream.consumer.commit(dict(state.published_offsets))
+            # an iteration may outlast max.poll.interval.ms: the consumer keeps polling meanwhile
+            with stream.consumer.hold() if stream.consumer is not None else contextlib.nullcontext():
+                metrics = loop.step()
+                state.steps += 1
+                state.history.append(metrics)
+                client.log_batch(run_id, metrics=_metrics(metrics, state.steps))
+                if on_step is not None:
+                    on_step(loop, metrics)
+                if state.steps % config.publish_every_steps == 0:
+                    _publish(settings, client, run_id, loop, state, config_hash)
+                    _commit(stream, state)
             if (max_steps is not None and state.steps >= max_steps) or (stop is not None and stop.is_set()):
                 break
         failed = False
@@ -124,6 +126,19 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
             loop.close()
         client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
     return state
+
+
+def _commit(stream: Stream[TrainingSample], state: HybridRun) -> None:
+    """Commit everything the published version learned from. A commit refused after a rebalance loses
+    nothing that was published: the partitions' new owner (or this loop, re-joining) re-reads from the
+    last commit, and those records only feed prompts and reward-model pairs again."""
+    if stream.consumer is None:
+        return
+    try:
+        stream.consumer.commit(dict(state.published_offsets))
+    except CommitFailed as exc:
+        log.warning("hybrid: the group refused the commit (%s); carrying on", exc,
+                    extra={"event": "commit_refused", "step": state.steps})
 
 
 def _metrics(values: dict[str, float], step: int) -> list[Any]:

@@ -15,7 +15,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from online_rl.bus import Bus, DeadLetters, TopicPartition, Topics, decode_or_dead_letter
+from online_rl.bus import (
+    Bus,
+    BusUnavailable,
+    CommitFailed,
+    DeadLetters,
+    TopicPartition,
+    Topics,
+    decode_or_dead_letter,
+)
 from online_rl.events import Feedback, Interaction, encode
 from online_rl.stream.join import JoinConfig, JoinState
 
@@ -56,6 +64,7 @@ class Joiner:
         self._consumer = bus.consumer(group_id)
         self._consumer.subscribe([topics.interactions, topics.feedback])
         self._input_partitions = sum(bus.partitions(t) for t in (topics.interactions, topics.feedback))
+        self.retries = 0  # steps the group or broker refused and `run` retried
 
     def _restore(self) -> None:
         latest: dict[str, bytes | None] = {}
@@ -154,10 +163,19 @@ class Joiner:
         for tp, offset in self._consumer.committed(assigned).items():
             self._consumer.seek(tp, offset or 0)
 
-    def run(self, stop: Callable[[], bool]) -> None:
-        """Step until `stop()` is true."""
+    def run(self, stop: Callable[[], bool], retry_s: float = 1.0) -> None:
+        """Step until `stop()` is true. A step whose transaction the group or the broker refused (a
+        rebalance moved its partitions, the broker was away) was aborted and rewound by `step`; the
+        joiner carries on from the committed offsets. A fenced producer (a newer joiner with the same
+        transactional id) ends the run."""
         while not stop():
-            self.step()
+            try:
+                self.step()
+            except (CommitFailed, BusUnavailable) as exc:
+                self.retries += 1
+                logger.warning("joiner step refused (%s); rewound to the committed offsets, carrying on",
+                               exc, extra={"event": "step_refused", "reason": str(exc)})
+                time.sleep(retry_s)
 
     def close(self) -> None:
         self._consumer.close()

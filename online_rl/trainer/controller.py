@@ -14,6 +14,7 @@ it as a new version and points the `challenger` alias at it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,12 +22,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from online_rl.algos import AdaptiveKLController
-from online_rl.bus import Bus, DeadLetters, TopicPartition, open_bus
+from online_rl.bus import Bus, CommitFailed, DeadLetters, TopicPartition, open_bus
 from online_rl.bus.topics import Topics
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
@@ -230,12 +232,17 @@ class Trainer:
                                       idle_batches=True):
                 drop_trained(batch, state.offsets)
                 if batch.items or batch.offsets:
-                    if self._step(state, batch, dead):
+                    # A step may outlast max.poll.interval.ms: the consumer keeps polling (its partitions
+                    # paused) meanwhile, so the group does not evict the trainer mid-step.
+                    with self._held(stream):
+                        trained = self._step(state, batch, dead)
+                    if trained:
                         idle_since = time.monotonic()
                     taken += 1
                 elif self._due(state):  # idle: only time can make something due
-                    self._publish(state)
-                    self._checkpoint(state)
+                    with self._held(stream):
+                        self._publish(state)
+                        self._checkpoint(state)
                 if ((stop is not None and stop.is_set()) or (max_steps is not None and taken >= max_steps)
                         or (idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s)):
                     break
@@ -264,9 +271,34 @@ class Trainer:
         if self._due(state):
             self._publish(state)                                                     # publish
         self._checkpoint(state)                                                      # make it durable
-        batch.commit()                                                               # then commit
-        self._durable.update(state.offsets)
+        self._durable.update(state.offsets)  # where any (re)assigned partition starts from now on
+        self._commit(batch, state)                                                   # then commit
         return routed.trained > 0
+
+    @staticmethod
+    def _held(stream: Stream[Any]) -> AbstractContextManager[None]:
+        return stream.consumer.hold() if stream.consumer is not None else nullcontext()
+
+    def _commit(self, batch: Batch[TrainingSample], state: TrainerState) -> None:
+        """Commit the batch's offsets. A commit the group refuses (a rebalance moved partitions, or the
+        group evicted this member) loses nothing: the checkpoint holds the offsets, the consumer re-joins
+        on its next poll and every partition it gets back starts from them. So the trainer carries on."""
+        try:
+            batch.commit()
+            return
+        except CommitFailed as exc:
+            refused = exc
+        consumer = batch.consumer
+        owned = set(consumer.assignment()) if consumer is not None else set()
+        kept = {tp: offset for tp, offset in batch.offsets.items() if tp in owned}
+        if consumer is not None and kept and len(kept) < len(batch.offsets):
+            with contextlib.suppress(CommitFailed):  # the partitions it still owns, at least
+                consumer.commit(kept)
+        self.metrics.commits_refused.inc()
+        log.warning("step %d: the group refused the commit (%s); the checkpoint holds offsets %s, and the "
+                    "trainer re-joins and resumes from them", state.step, refused,
+                    _offsets_field(state.offsets),
+                    extra={"event": "commit_refused", "step": state.step, "reason": str(refused)})
 
     def close(self, failed: bool = False) -> None:
         """End the MLflow run and stop the policy workers (their CPUs go back to Ray)."""

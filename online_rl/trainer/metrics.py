@@ -20,6 +20,9 @@ class TrainerMetrics:
         self.step_seconds = Histogram("orl_trainer_step_seconds", "Wall time of one optimizer step.",
                                       buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
                                       registry=self.registry)
+        self.commits_refused = Counter("orl_trainer_commits_refused",
+                                       "Offset commits the group refused (rebalances); training carried on.",
+                                       registry=self.registry)
         self.published_version = Gauge("orl_trainer_last_published_version",
                                        "Registry version number of the last published adapter (0: none).",
                                        registry=self.registry)

@@ -6,7 +6,10 @@ import time
 import uuid
 from collections import Counter
 
+import pytest
+
 from online_rl.bus import Bus, Topics, ensure_topics
+from online_rl.bus.kafka import KafkaBus
 from online_rl.events import TrainingSample, decode, encode
 from online_rl.stream.join import JoinConfig
 from online_rl.stream.joiner import Joiner
@@ -99,3 +102,39 @@ def test_a_backlog_is_joined_without_declaring_unread_feedback_late(make_bus: Bu
     assert len(samples) == 150
     assert all(s.reward == 1.0 and not s.defaulted for s in samples)
     assert joiner.state.stats["late_feedback"] == 0
+
+
+@pytest.mark.kafka
+def test_a_step_past_the_poll_interval_is_refused_then_retried_not_fatal(kafka_bootstrap: str) -> None:
+    """A step that outlasts max.poll.interval.ms gets the joiner evicted from its group; the broker refuses
+    that step's transaction, and `run` re-joins and carries on: every sample comes out exactly once."""
+    short = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
+    bus = KafkaBus(kafka_bootstrap, consumer_extra=short)
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
+    ensure_topics(bus, partitions=2, topics=topics)
+    producer = bus.producer()
+    for i in range(10):
+        producer.produce(topics.interactions, encode(interaction(f"p{i}", created_at=1000.0 + i)),
+                         f"p{i}".encode())
+        producer.produce(topics.feedback, encode(thumbs(f"p{i}", up=True, created_at=1001.0 + i)),
+                         f"p{i}".encode())
+    producer.flush()
+
+    class SlowFirstStep(Joiner):
+        slow = True
+
+        def _advance_watermark(self, full: bool) -> float:  # between the read and the commit
+            if self.slow and self._consumer.assignment():
+                self.slow = False
+                time.sleep(8.0)
+            return super()._advance_watermark(full)
+
+    joiner = SlowFirstStep(bus, JoinConfig(window_s=5.0, retention_s=60.0), group_id=f"g-{topics.prefix}",
+                           transactional_id=f"slow-{topics.prefix}", clock=lambda: 5000.0, topics=topics)
+    started = time.monotonic()
+    joiner.run(lambda: time.monotonic() - started > 30 or len(_samples(bus, topics)) >= 10)
+    joiner.close()
+    assert joiner.retries >= 1  # the slow step was refused ...
+    counts = Counter(s.sample_id for s in _samples(bus, topics))
+    assert len(counts) == 10 and set(counts.values()) == {1}  # ... and nothing was lost or doubled
+    bus.close()
