@@ -502,6 +502,20 @@ class LaunchConfig(BaseModel):
         default=0, ge=0, description="CPU threads of the inference replica; 0: half of this machine's cores. "
         "The trainer gets the rest (unless trainer.cpus_per_worker is set): the two never fight for a core.",
     )
+    restart: bool = Field(
+        default=True, description="Restart a component that exits (as a Kubernetes Deployment would): a "
+        "watchdog process started by `up` and stopped by `down`.",
+    )
+    restart_backoff_s: float = Field(
+        default=1.0, gt=0, description="Wait before the first restart; doubled for each further restart in "
+        "the window, up to restart_backoff_max_s.",
+    )
+    restart_backoff_max_s: float = Field(default=60.0, gt=0, description="The longest wait before a restart.")
+    max_restarts: int = Field(
+        default=5, ge=1, description="Give up on a component after this many restarts within "
+        "restart_window_s (`status` then shows it failed, with why and its log's last lines).",
+    )
+    restart_window_s: float = Field(default=600.0, gt=0, description="The window max_restarts counts in.")
 
 
 _yaml_data: ContextVar[dict[str, Any] | None] = ContextVar("_yaml_data", default=None)

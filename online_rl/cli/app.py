@@ -22,7 +22,7 @@ from online_rl.cli.adapter import adapter_app
 from online_rl.cli.bus import bus_app, join_cmd
 from online_rl.cli.health import healthcheck_cmd
 from online_rl.cli.hybrid import hybrid_cmd
-from online_rl.cli.launch import demo_cmd, down_cmd, status_cmd, up_cmd
+from online_rl.cli.launch import demo_cmd, down_cmd, status_cmd, supervise_cmd, up_cmd
 from online_rl.cli.model import model_app
 from online_rl.cli.rollout import rollout_app
 from online_rl.cli.serve import keys_app, serve_app
@@ -56,6 +56,7 @@ app.command("simulate")(simulate_cmd)
 app.command("up")(up_cmd)
 app.command("down")(down_cmd)
 app.command("status")(status_cmd)
+app.command("supervise", hidden=True)(supervise_cmd)
 app.command("demo")(demo_cmd)
 app.command("healthcheck")(healthcheck_cmd)
 _err = Console(stderr=True)

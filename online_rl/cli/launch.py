@@ -11,7 +11,7 @@ from rich.table import Table
 
 from online_rl.config import load_settings
 
-__all__ = ["demo_cmd", "down_cmd", "status_cmd", "up_cmd"]
+__all__ = ["demo_cmd", "down_cmd", "status_cmd", "supervise_cmd", "up_cmd"]
 
 
 def up_cmd(
@@ -48,6 +48,16 @@ def down_cmd(ctx: typer.Context) -> None:
     typer.echo(f"stopped {len(stopped)} component(s)" if stopped else "nothing was running")
 
 
+def supervise_cmd(ctx: typer.Context) -> None:
+    """The run's watchdog (started by `up`, stopped by `down`): restarts components that exit."""
+    from online_rl.cli.signals import stop_on_signals
+    from online_rl.launch.watchdog import Watchdog
+
+    config: Path | None = ctx.obj["config"]
+    watchdog = Watchdog(load_settings(config), config)
+    watchdog.run_until(stop_on_signals("the current pass"))
+
+
 def status_cmd(ctx: typer.Context) -> None:
     """Each component's state (ready, running, exited, stopped), its URL and its log."""
     settings = load_settings(ctx.obj["config"])
@@ -57,7 +67,7 @@ def status_cmd(ctx: typer.Context) -> None:
 
 def _show(settings: object) -> bool:
     from online_rl.config import Settings
-    from online_rl.launch import status
+    from online_rl.launch import status, watchdog_alive
 
     assert isinstance(settings, Settings)
     wiring, components = status(settings)
@@ -65,15 +75,22 @@ def _show(settings: object) -> bool:
     if wiring is None:
         console.print(f"no run in {settings.run_dir} (start one with `online-rl up`)")
         return False
-    table = Table("component", "state", "pid", "url", "log")
+    table = Table("component", "state", "restarts", "pid", "url", "log")
     run = settings.run_dir
     for c in components:
-        colour = {"ready": "green", "running": "yellow"}.get(c.state, "red")
+        colour = {"ready": "green", "running": "yellow", "restarting": "yellow"}.get(c.state, "red")
         log = c.log or "-"
         if log.startswith(f"{run}/"):
             log = log[len(str(run)) + 1 :]
-        table.add_row(c.name, f"[{colour}]{c.state}[/]", str(c.pid or "-"), c.url or "-", log)
+        table.add_row(c.name, f"[{colour}]{c.state}[/]", str(c.restarts), str(c.pid or "-"), c.url or "-",
+                      log)
     console.print(table)
+    for c in components:
+        if c.problem:
+            console.print(f"[red]{c.name} failed:[/] {c.problem}", highlight=False)
+    watching = watchdog_alive(settings)
+    console.print("watchdog: " + ("restarting components that exit (logs/watchdog.log)" if watching
+                                  else "not running (components that exit stay down)"))
     console.print(f"run folder: {run} (logs under it)")
     console.print(f"bus: {wiring['bus']}" + (f" at {wiring['bootstrap']}" if wiring.get("bootstrap") else ""))
     console.print(f"MLflow UI:    {wiring['mlflow_url']}")

@@ -10,6 +10,7 @@ from online_rl.launch.supervisor import (
     read_state,
     status,
     up,
+    watchdog_alive,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "read_state",
     "status",
     "up",
+    "watchdog_alive",
 ]

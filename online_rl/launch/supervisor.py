@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,13 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from filelock import FileLock
 
 from online_rl.config import Settings
 from online_rl.errors import OnlineRLError
 from online_rl.ingest import new_key
 from online_rl.launch.components import KAFKA_SCRIPT, Component, Wiring, plan
 
-__all__ = ["ComponentStatus", "LaunchError", "RunKeys", "down", "read_keys", "read_state", "status", "up"]
+__all__ = ["ComponentStatus", "LaunchError", "RunKeys", "down", "read_keys", "read_state", "state_lock",
+           "status", "up", "watchdog_alive"]
 
 _STATE, _KEYS, _ENTRIES = "state.json", "keys.json", "api-keys.txt"
 
@@ -51,9 +54,13 @@ class RunKeys:
 class ComponentStatus:
     name: str
     pid: int | None
-    state: str  # "ready", "running" (alive, not answering), "exited", "stopped"
+    # "ready", "running" (alive, not answering), "restarting" (exited; the watchdog restarts it),
+    # "failed" (exited too often; the watchdog gave up), "exited" (no watchdog), "stopped"
+    state: str
     url: str | None
     log: str | None
+    restarts: int = 0
+    problem: str | None = None  # why the watchdog gave up, with the log's last lines
 
 
 def read_state(run_dir: Path) -> dict[str, Any] | None:
@@ -249,7 +256,7 @@ def up(settings: Settings, config_file: Path | None = None, fresh: bool = False,
         settings = settings.model_copy(update={"launch": launch})
     state = read_state(run)
     if state is not None:
-        running = [c for c in state["components"].values() if _alive(c)]
+        running = [c for c in [*state["components"].values(), state.get("watchdog") or {}] if _alive(c)]
         if running:
             names = ", ".join(c["name"] for c in running)
             raise LaunchError(f"the loop in {run} is already running ({names}); see `online-rl status`, "
@@ -290,11 +297,36 @@ def up(settings: Settings, config_file: Path | None = None, fresh: bool = False,
             _wait_ready(component, process, log, settings.launch.ready_timeout_s)
             echo(f"  {component.name} ready in {time.monotonic() - began:.1f}s"
                  + (f" at {component.url}" if component.url else ""))
+        if settings.launch.restart:
+            state["watchdog"] = _start_watchdog(run, config.resolve() if config else None)
+            _write_json(run / _STATE, state)
+            launch = settings.launch
+            echo(f"watchdog started: a component that exits is restarted (up to {launch.max_restarts} times "
+                 f"in {launch.restart_window_s:.0f}s; log: logs/watchdog.log)")
     except BaseException:
         with contextlib.suppress(Exception):
             down(settings, echo=lambda _: None)
         raise
     return state
+
+
+def _start_watchdog(run: Path, config: Path | None) -> dict[str, Any]:
+    """`online-rl supervise` in a session of its own (online_rl/launch/watchdog.py), with this process's
+    environment and config, so that it plans the components exactly as `up` did."""
+    log = run / "logs" / "watchdog.log"
+    given = ["--config", str(config)] if config else []
+    argv = [sys.executable, "-m", "online_rl.cli", *given, "supervise"]
+    with log.open("ab") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, "ORL_LAUNCH__RUN_DIR": str(run)},
+                                   start_new_session=True)
+    return {"name": "watchdog", "pid": process.pid, "started": _started_at(process.pid), "log": str(log)}
+
+
+def state_lock(run: Path) -> FileLock:
+    """The lock every writer of `<run>/state.json` after `up` (the watchdog, `down`) holds for its
+    read-modify-write."""
+    return FileLock(str(run / f"{_STATE}.lock"), timeout=30)
 
 
 def _broker_pid(run: Path) -> int | None:
@@ -334,6 +366,10 @@ def down(settings: Settings, echo: Callable[[str], None] = print) -> list[str]:
     if state is None:
         echo(f"nothing to stop: no run in {run}")
         return []
+    watchdog = state.get("watchdog")
+    if watchdog and watchdog.get("pid"):  # first, so that it restarts nothing being stopped
+        _stop(watchdog, settings.launch.stop_timeout_s)
+        state = read_state(run) or state  # the pids it last recorded
     stopped = []
     try:
         for entry in reversed(list(state["components"].values())):
@@ -353,10 +389,12 @@ def down(settings: Settings, echo: Callable[[str], None] = print) -> list[str]:
             echo(f"{outcome} {name}" + (" (it did not stop in time)" if outcome == "killed" else ""))
             stopped.append(name)
     finally:
-        for entry in state["components"].values():
-            entry["pid"] = None
-        state["stopped_at"] = time.time()
-        _write_json(run / _STATE, state)
+        with state_lock(run):
+            for entry in [*state["components"].values(), *([watchdog] if watchdog else [])]:
+                entry["pid"] = None
+            state["watchdog"] = watchdog
+            state["stopped_at"] = time.time()
+            _write_json(run / _STATE, state)
     return stopped
 
 
@@ -366,15 +404,27 @@ def status(settings: Settings) -> tuple[dict[str, Any] | None, list[ComponentSta
     if state is None:
         return None, []
     out = []
+    watching = _alive(state.get("watchdog") or {})
     for entry in state["components"].values():
         pid = entry.get("pid")
-        if pid is None:
+        problem = None
+        if entry.get("gave_up") and not _alive(entry):
+            health = "failed"
+            problem = f"{entry['gave_up']['reason']}; the end of its log:\n{entry['gave_up']['tail']}"
+        elif pid is None:
             health = "stopped"
         elif not _alive(entry):
-            health = "exited"
+            health = "restarting" if watching else "exited"
         elif entry.get("ready_url") and not _answers(entry["ready_url"]):
             health = "running"
         else:
             health = "ready"
-        out.append(ComponentStatus(entry["name"], pid, health, entry.get("url"), entry.get("log")))
+        out.append(ComponentStatus(entry["name"], pid, health, entry.get("url"), entry.get("log"),
+                                   int(entry.get("restarts", 0)), problem))
     return state["wiring"], out
+
+
+def watchdog_alive(settings: Settings) -> bool:
+    """Whether the run's watchdog is running (restarting components that exit)."""
+    state = read_state(settings.run_dir.resolve())
+    return state is not None and _alive(state.get("watchdog") or {})

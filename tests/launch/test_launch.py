@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,16 @@ import pytest
 import yaml
 
 from online_rl.config import Settings, load_settings
-from online_rl.launch import LaunchError, down, read_keys, read_state, status, up
+from online_rl.launch import (
+    ComponentStatus,
+    LaunchError,
+    down,
+    read_keys,
+    read_state,
+    status,
+    up,
+    watchdog_alive,
+)
 from tests.conftest import TINY_NAME
 
 
@@ -42,7 +52,8 @@ def _config(root: Path, model: Path, bootstrap: str | None) -> tuple[Settings, P
                     "rollout": {"interval_s": 1, "steps": [0.5, 1.0], "min_samples": 5}},
         "ray": {"num_cpus": 2},
         "launch": {"run_dir": str(root / "run"), "mlflow_port": _free_port(),
-                   "trainer_metrics_port": _free_port(), "ready_timeout_s": 240, "bus": "embedded"},
+                   "trainer_metrics_port": _free_port(), "ready_timeout_s": 240, "bus": "embedded",
+                   "max_restarts": 1, "restart_backoff_s": 0.5},
     }
     if bootstrap:
         data["kafka"] = {"bootstrap_servers": bootstrap}
@@ -135,14 +146,66 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
     fresh = saved["freshness_s_by_version"]
     assert any(0 < fresh.get(v, -1) < 60 for v in started), (fresh, started)
 
+    # The loop heals: the joiner and the feedback API killed outright are restarted by the watchdog
+    # (as a Deployment would), and a user's feedback still becomes a training sample.
+    state = read_state(settings.run_dir)
+    assert state is not None and watchdog_alive(settings)
+    for name in ("joiner", "feedback"):
+        os.kill(state["components"][name]["pid"], signal.SIGKILL)
+    healed = _wait_for(settings, lambda c: {c["joiner"].state, c["feedback"].state} == {"ready"}
+                       and c["joiner"].restarts == c["feedback"].restarts == 1)
+    assert healed["gateway"].restarts == 0
+    answer = llm.chat.completions.create(model="any", user="u9", max_tokens=4,
+                                         messages=[{"role": "user", "content": "Hello again"}])
+    posted = httpx.post(wiring["feedback_url"] + "/v1/feedback", headers=user_auth,
+                        json={"event_id": "e-after", "request_id": answer.id, "user_id": "u9",
+                              "kind": "thumbs", "value": 1}, timeout=10)
+    assert posted.status_code in (200, 202), posted.text
+    _wait_for_sample(settings, answer.id)
+    # ... but not forever: past launch.max_restarts (1 here) in the window it gives up and says why
+    os.kill(read_state(settings.run_dir)["components"]["feedback"]["pid"], signal.SIGKILL)  # type: ignore[index]
+    failed = _wait_for(settings, lambda c: c["feedback"].state == "failed")["feedback"]
+    assert failed.problem is not None and "launch.max_restarts" in failed.problem
+
     pids = _pids(settings)
+    watchdog = read_state(settings.run_dir)["watchdog"]["pid"]  # type: ignore[index]
     stopped = down(settings, echo=lambda _: None)
-    assert stopped == ["gateway", "trainer", "joiner", "feedback", "inference", "mlflow"]
+    assert stopped == ["gateway", "trainer", "joiner", "inference", "mlflow"]  # the feedback API was down
+    assert _dead(watchdog) and not watchdog_alive(settings)
     deadline = time.monotonic() + 10
     while not all(_dead(pid) for pid in pids):
         assert time.monotonic() < deadline, "a component outlived `down`"
         time.sleep(0.2)
-    assert {c.state for c in status(settings)[1]} == {"stopped"}
+    assert {c.state for c in status(settings)[1]} == {"stopped", "failed"}
+
+
+def _wait_for(settings: Settings, done: Callable[[dict[str, ComponentStatus]], bool],
+              timeout_s: float = 120) -> dict[str, ComponentStatus]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        components = {c.name: c for c in status(settings)[1]}
+        if done(components):
+            return components
+        assert time.monotonic() < deadline, components
+        time.sleep(0.5)
+
+
+def _wait_for_sample(settings: Settings, request_id: str, timeout_s: float = 60) -> None:
+    from online_rl.bus import Topics, open_bus
+    from online_rl.events import TrainingSample, decode
+
+    bus = open_bus(settings)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            for record in bus.read_all(Topics(settings.bus.topic_prefix).samples):
+                sample = decode(record.value or b"", TrainingSample)
+                if sample.completion is not None and sample.completion.request_id == request_id:
+                    return
+            time.sleep(1.0)
+    finally:
+        bus.close()
+    raise AssertionError(f"no training sample for {request_id} after the restarts")
 
 
 def test_a_taken_port_is_named_with_its_setting_and_nothing_starts(tmp_path: Path, tiny_model: Path,
@@ -182,3 +245,16 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def test_restart_policy_backs_off_and_gives_up_after_max_restarts_in_the_window() -> None:
+    from online_rl.launch.watchdog import RestartPolicy
+
+    policy = RestartPolicy(backoff_s=1.0, backoff_max_s=8.0, max_restarts=3, window_s=100.0)
+    assert policy.restart_at([], 1000.0) == 1001.0  # first exit: after the base backoff
+    assert policy.restart_at([990.0], 1000.0) == 1002.0  # doubled per restart in the window
+    assert policy.restart_at([980.0, 990.0], 1000.0) == 1004.0
+    assert policy.restart_at([970.0, 980.0, 990.0], 1000.0) is None  # max_restarts in the window: give up
+    assert policy.restart_at([700.0, 800.0, 990.0], 1000.0) == 1002.0  # older restarts have left the window
+    long = RestartPolicy(backoff_s=1.0, backoff_max_s=8.0, max_restarts=100, window_s=100.0)
+    assert long.restart_at([999.0] * 10, 1000.0) == 1008.0  # never longer than backoff_max_s
