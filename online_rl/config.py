@@ -400,10 +400,24 @@ class RolloutConfig(BaseModel):
         default_factory=lambda: [0.05, 0.25, 0.5, 1.0], min_length=1,
         description="Challenger traffic weights, increasing, in (0, 1]; promotion follows the last.",
     )
-    min_samples: int = Field(default=200, ge=1, description="Rewards per version before a step may pass.")
+    min_samples: int = Field(
+        default=200, ge=1,
+        description="Rewards per arm before a step may pass, or end without a verdict (a quiet service "
+        "waits for them instead of rolling a version back unjudged).",
+    )
     margin: float = Field(default=0.02, ge=0, le=1, description="'No worse than' tolerance, 0-1 reward.")
-    max_step_s: float = Field(default=3600.0, gt=0, description="A step without a verdict ends after this.")
-    on_timeout: Literal["rollback", "advance"] = Field(default="rollback", description="...then this.")
+    max_step_samples: int | None = Field(
+        default=None, ge=1,
+        description="A step without a verdict ends once the challenger has this many rewards in it (the "
+        "limit follows the evidence, whatever the traffic); empty: 5 × min_samples.",
+    )
+    max_step_s: float | None = Field(
+        default=None, gt=0,
+        description="Optionally also a time limit of a step without a verdict (counted only once both arms "
+        "have min_samples rewards); empty: none.",
+    )
+    on_timeout: Literal["rollback", "advance"] = Field(
+        default="rollback", description="What a step that reached its limit without a verdict does.")
     alpha: float = Field(default=0.05, gt=0, lt=1, description="Error level of the always-valid comparison.")
     tau: float = Field(default=0.1, gt=0, description="Mixture scale: the reward difference worth detecting.")
     max_error_rate_increase: float = Field(default=0.01, ge=0, le=1, description="Guardrail vs the champion.")
@@ -435,6 +449,14 @@ class RolloutConfig(BaseModel):
         if any(not 0 < w <= 1 for w in steps) or steps != sorted(set(steps)):
             raise ValueError(f"{steps} must be increasing weights in (0, 1], e.g. [0.05, 0.25, 0.5, 1.0]")
         return steps
+
+    @model_validator(mode="after")
+    def _limits(self) -> RolloutConfig:
+        if self.max_step_samples is not None and self.max_step_samples < self.min_samples:
+            raise ValueError(f"gateway.rollout.max_step_samples={self.max_step_samples} must be >= "
+                             f"min_samples={self.min_samples}: a step cannot end for lack of evidence before "
+                             "it may pass")
+        return self
 
 
 class GatewayConfig(BaseModel):

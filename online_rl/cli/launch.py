@@ -156,3 +156,11 @@ def demo_cmd(
         f"(base {report['ability']['base']})"
     )
     typer.echo(f"report: {out / 'report.md'} (picture: {out / 'reward.png'}, figures: {out / 'report.json'})")
+    for exited in report["exited"]:
+        typer.echo(f"{exited['name']} exited during the run ({exited['restarts']} restart(s)"
+                   f"{'; the watchdog gave up on it' if exited['failed'] else ''}); see the report")
+    if not report["promoted_versions"]:
+        rolled = "; ".join(f"{verdict}: {', '.join(v)}" for verdict, v in report["rollbacks"].items())
+        typer.echo(f"demo failed: no version was promoted within the budget of {budget:.0f}s (rolled back: "
+                   f"{rolled or 'none'}; versions published: {len(report['mlflow_versions'])})", err=True)
+        raise typer.Exit(1)

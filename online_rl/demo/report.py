@@ -143,10 +143,24 @@ def build_report(
     base_correct = ability_by_model.get(base_model, {}).get("correct", 0)
     final_correct = ability_by_model.get(final["version"], {}).get("correct") if final["version"] else None
     gain = None if final_reward is None or base_reward is None else _round(final_reward - base_reward)
+    rollbacks: dict[str, list[str]] = defaultdict(list)  # why versions were rolled back: by verdict
+    for e in history:
+        if e["action"] in ("rollback", "reject"):
+            verdict = (e.get("evidence") or {}).get("verdict") or ("manual" if e["action"] == "rollback"
+                                                                  and e.get("actor") != "controller"
+                                                                  else "rejected")
+            rollbacks[verdict].append(name(str(e["version"])))
+    components = meta.get("components", {})
     return {
         "base_reward": _round(base_reward),
         "final_reward": _round(final_reward),
         "reward_gain": gain,
+        "stopped_by": meta.get("stopped_by"),
+        "final_answers": final["answers"],
+        "machine": meta.get("machine"),
+        "restarts": {n: c.get("restarts", 0) for n, c in components.items()},
+        "exited": [dict(c, name=n) for n, c in components.items() if c.get("exited_during_run")],
+        "rollbacks": dict(rollbacks),
         "promoted_versions": [name(e["version"]) for e in promotions],
         "freshness_s": statistics.median(freshness.values()) if freshness else None,
         "freshness_s_by_version": freshness,
@@ -169,6 +183,7 @@ def build_report(
                 "weight": e.get("weight"),
                 "reason": e.get("reason", ""),
                 "actor": e.get("actor"),
+                "verdict": (e.get("evidence") or {}).get("verdict"),
             }
             for e in history
         ],
@@ -228,12 +243,18 @@ def _markdown(report: dict[str, Any], image: str) -> str:
     ability = report["ability"]
     fresh_text = "—" if report["freshness_s"] is None else f"{report['freshness_s']:.0f} s"
     fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
+    machine = report.get("machine") or {}
+    stopped = {"goal": "the goal was reached (the promotions, then the measured answers)",
+               "budget": "the time budget ran out before the goal"}.get(report.get("stopped_by") or "", "—")
     lines = [
         "# online-rl demo report",
         "",
         f"Users: {meta.get('users')} simulated, taste `{meta.get('preference')}`, {meta.get('kind')}, "
         f"noise {meta.get('noise')}, silent {meta.get('silent')}; {meta.get('requests')} requests in "
-        f"{meta.get('duration_s', 0) / 60:.1f} min.",
+        f"{meta.get('duration_s', 0) / 60:.1f} min; stopped because {stopped}.",
+        "",
+        f"Machine: {machine.get('cpu', '?')}, ISA {machine.get('isa', '?')}, {machine.get('cores', '?')} "
+        f"cores, trainer precision {machine.get('precision', '?')}.",
         "",
         f"![reward per version]({image})",
         "",
@@ -249,7 +270,16 @@ def _markdown(report: dict[str, Any], image: str) -> str:
         f"| general ability (fixed factual prompts correct) | base {ability['base']}/{ability['asked']}, "
         f"final {'—' if ability['final'] is None else ability['final']}/{ability['asked']}"
         f"{' — COLLAPSED' if ability['collapsed'] else ''} |",
+        f"| rolled back | {_rollbacks(report.get('rollbacks') or {})} |",
         "",
+    ]
+    for exited in report.get("exited") or []:
+        state = "gave up on it" if exited.get("failed") else "restarted it"
+        lines += [f"**{exited['name']} exited during the run** ({exited.get('restarts', 0)} restart(s); the "
+                  f"watchdog {state}). The end of its log when it exited:", "", "```",
+                  *(line.removeprefix("    ") for line in str(exited.get("tail", "")).splitlines()),
+                  "```", ""]
+    lines += [
         "## Reward per version over time",
         "",
     ]
@@ -318,6 +348,15 @@ def _markdown(report: dict[str, Any], image: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _rollbacks(by_verdict: dict[str, list[str]]) -> str:
+    words = {"worse": "worse on the users' feedback", "inconclusive": "for lack of evidence (no verdict "
+             "within the step's limit)", "guardrail": "a guardrail (errors, latency, KL)",
+             "rejected": "before any exposure (load failure or the off-policy gate)", "manual": "by hand"}
+    parts = [f"{', '.join(v.rsplit('-', 1)[-1] for v in versions)}: {words.get(verdict, verdict)}"
+             for verdict, versions in by_verdict.items()]
+    return "; ".join(parts) or "none"
 
 
 def write_report(report: dict[str, Any], folder: Path) -> dict[str, Path]:

@@ -12,6 +12,7 @@ champion on the replica), and writes the report (`report.write_report`).
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +25,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from online_rl.config import Settings
 from online_rl.demo.report import ABILITY_PROMPTS, AbilityAnswer, build_report, correct, write_report
 from online_rl.errors import OnlineRLError
-from online_rl.launch import read_keys, status
+from online_rl.hardware import machine_info
+from online_rl.launch import read_keys, read_state, status
 from online_rl.simulate import PROMPTS, Population, SimulationResult, load_preference, simulate
 
 __all__ = ["DemoError", "run_demo"]
@@ -129,6 +131,64 @@ def _mlflow_versions(settings: Settings) -> list[dict[str, Any]]:
     )
 
 
+def _recent(result: SimulationResult) -> str:
+    rewards = [a.reward for a in result.answers[-200:] if a.reward is not None]
+    return f"{sum(rewards) / len(rewards):.2f}" if rewards else "—"
+
+
+def _arm(now: dict[str, Any]) -> str:
+    rollout = now.get("rollout") or {}
+    if not rollout:
+        return "no rollout yet"
+    challenger = (now.get("arms") or {}).get("challenger") or {}
+    running = rollout.get("status") == "running"
+    rewards = f" ({challenger.get('rewards', 0)} rewards this step)" if running else ""
+    return f"v{rollout.get('challenger')} {rollout.get('status')} at {rollout.get('weight', 0):.0%}{rewards}"
+
+
+def _trainer(wiring: dict[str, Any]) -> str:
+    """The trainer's step and last published version, from its Prometheus metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(wiring["trainer_metrics_url"] + "/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return "trainer not answering"
+    values = {sample.name: sample.value for family in text_string_to_metric_families(text)
+              for sample in family.samples}
+    published = int(values.get("orl_trainer_last_published_version", 0))
+    return (f"trainer step {int(values.get('orl_trainer_steps_total', 0))}, "
+            + (f"last published v{published}" if published else "nothing published yet"))
+
+
+def _trainer_precision(settings: Settings) -> str | None:
+    """What the trainer's `precision` resolved to (its latest MLflow run's params)."""
+    from online_rl.tracking import mlflow_client
+
+    client = mlflow_client(settings)
+    experiment = client.get_experiment_by_name(settings.trainer.experiment)
+    if experiment is None:
+        return None
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"],
+                              max_results=1)
+    return runs[0].data.params.get("precision_resolved") if runs else None
+
+
+def _components(settings: Settings, since: float) -> dict[str, dict[str, Any]]:
+    """Each component's restarts, and for those that exited during the run, when and the end of their log
+    (recorded by `up`'s watchdog)."""
+    state = read_state(settings.run_dir.resolve()) or {"components": {}}
+    out = {}
+    for name, entry in state["components"].items():
+        exits = [t for t in entry.get("restart_times", []) if t >= since]
+        last = entry.get("last_exit") or {}
+        failed = bool(entry.get("gave_up")) and entry["gave_up"]["at"] >= since
+        out[name] = {"restarts": int(entry.get("restarts", 0)),
+                     "exited_during_run": bool(exits) or failed or last.get("at", 0) >= since,
+                     "failed": failed, "tail": last.get("tail", ""), "exit_code": last.get("code")}
+    return out
+
+
 def run_demo(
     settings: Settings,
     out_dir: Path,
@@ -146,6 +206,7 @@ def run_demo(
     promotions: int = 2,
     show: bool = True,
     echo: Callable[[str], None] = print,
+    line_every_s: float = 30.0,
 ) -> dict[str, Any]:
     """Run the simulated users on the running loop until `promotions` versions have been promoted
     through the canary and the last one has `measure` answers with feedback since (or `budget_s` is
@@ -205,8 +266,12 @@ def run_demo(
         TimeElapsedColumn(),
         TextColumn("{task.fields[note]}"),
     )
+    # On a terminal: progress bars. Without one (CI, nohup, a pipe) the bars print nothing, so a plain
+    # line at least every `line_every_s` shows the run is alive.
+    bars_on = show and sys.stdout.isatty()
+    stopped_by, last_line = "budget", 0.0
     try:
-        with Progress(*columns, disable=not show, refresh_per_second=2) as bars:
+        with Progress(*columns, disable=not bars_on, refresh_per_second=2) as bars:
             budget = bars.add_task("time budget (s)     ", total=budget_s, note="")
             after = bars.add_task("after the promotions", total=measure, note="waiting for a promotion")
             while time.time() - started < budget_s and worker.is_alive():
@@ -231,20 +296,15 @@ def run_demo(
                         completed=min(measured, measure) if len(promoted) >= promotions else 0,
                         note=f"{name} promoted ({len(promoted)} of {promotions})",
                     )
-                rollout = now.get("rollout") or {}
-                arm_note = (
-                    f"v{rollout.get('challenger')} {rollout.get('status')} at {rollout.get('weight', 0):.0%}"
-                    if rollout
-                    else "no rollout yet"
-                )
-                rewards = [a.reward for a in result.answers[-200:] if a.reward is not None]
-                recent = f"{sum(rewards) / len(rewards):.2f}" if rewards else "—"
-                bars.update(
-                    budget,
-                    completed=time.time() - started,
-                    note=f"{result.requests} answers · reward (last 200) {recent} · {arm_note}",
-                )
+                note = f"{result.requests} answers · reward (last 200) {_recent(result)} · {_arm(now)}"
+                bars.update(budget, completed=time.time() - started, note=note)
+                if show and not bars_on and time.time() - last_line >= line_every_s:
+                    last_line = time.time()
+                    echo(f"[{(last_line - started) / 60:4.1f} min] {note} · {_trainer(wiring)} · promoted "
+                         f"{len(promoted)}/{promotions}" + (f", {measured}/{measure} measured" if promoted
+                                                            else ""))
                 if len(promoted) >= promotions and measured >= measure:
+                    stopped_by = "goal"
                     break
     finally:
         stop.set()
@@ -298,6 +358,9 @@ def run_demo(
         "gateway_url": wiring["gateway_url"],
         "keys_file": str(settings.run_dir / "keys.json"),
         "problems": problems,
+        "stopped_by": stopped_by,
+        "machine": machine_info(gather("trainer precision", lambda: _trainer_precision(wired), None)),
+        "components": _components(settings, started),
     }
     report = build_report(answers, history, versions, trained_on, ability, base_model, registered, meta)
     write_report(report, out_dir)

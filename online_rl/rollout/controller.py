@@ -287,9 +287,12 @@ def _evidence(decision: Decision | None) -> dict[str, Any]:
         return {}
     c = decision.comparison
     return {"difference": c.difference, "lower": c.lower, "upper": c.upper, "p_value": c.p_value,
-            "challenger_n": c.challenger_n, "champion_n": c.champion_n}
+            "challenger_n": c.challenger_n, "champion_n": c.champion_n, "verdict": decision.verdict}
 
 
 def _tags(evidence: dict[str, Any]) -> dict[str, str]:
-    return {f"rollout.evidence.{key}": f"{value:.6g}" if isinstance(value, float) else str(value)
-            for key, value in evidence.items() if value is not None}
+    """MLflow tags of a decision's evidence; `rollout.verdict`: passed, worse, guardrail, inconclusive (no
+    verdict within the step's limit), or manual (a person's decision)."""
+    tags = {f"rollout.evidence.{key}": f"{value:.6g}" if isinstance(value, float) else str(value)
+            for key, value in evidence.items() if value is not None and key != "verdict"}
+    return tags | {"rollout.verdict": str(evidence.get("verdict", "manual"))}

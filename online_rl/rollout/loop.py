@@ -56,7 +56,8 @@ Gate = Callable[[str, list[TrainingSample]], OffPolicyEstimate]
 def plan_from_config(config: RolloutConfig) -> RolloutPlan:
     return RolloutPlan(
         steps=tuple(config.steps), min_samples=config.min_samples, margin=config.margin,
-        max_step_s=config.max_step_s, on_timeout=config.on_timeout, alpha=config.alpha, tau=config.tau,
+        max_step_samples=config.max_step_samples, max_step_s=config.max_step_s, on_timeout=config.on_timeout,
+        alpha=config.alpha, tau=config.tau,
         guardrails=Guardrails(config.max_error_rate_increase, config.max_p99_latency_ratio, config.max_kl,
                               config.guardrail_min_requests))
 
@@ -345,7 +346,8 @@ class RolloutLoop:
             "registered_model": self.registered, "base_model": self.base_model,
             "champion": {"version": self.champion, "model": self.name(self.champion)},
             "plan": {"steps": list(self.plan.steps), "min_samples": self.plan.min_samples,
-                     "margin": self.plan.margin, "max_step_s": self.plan.max_step_s,
+                     "margin": self.plan.margin, "max_step_samples": self.plan.step_samples_limit,
+                     "max_step_s": self.plan.max_step_s,
                      "alpha": self.plan.alpha},
             "rollout": None, "arms": {}, "samples_seen": self.samples_seen, "last_error": self.last_error,
             "replicas": [{"url": r.url, "down": r.down_until > self.pool.clock(), "failures": r.failures}

@@ -12,8 +12,15 @@ champion's p99:
 1. a guardrail broken, or the challenger confidently worse (the sequence's upper bound < 0): roll back;
 2. enough feedback on both arms and the challenger confidently no worse than `margin` (lower bound
    > -margin): advance; after the last step, promote;
-3. the step ran out of time without that confidence: `on_timeout` (roll back by default);
+3. the step reached its limit without that confidence: `on_timeout` (roll back by default). The limit
+   follows the evidence, not the clock: the challenger gathered `max_step_samples` rewards in the step
+   (default 5 × `min_samples`), or — only when a time limit `max_step_s` is set — that much time
+   passed. Neither ends a step before both arms have `min_samples` rewards: on a quiet service a step
+   waits for evidence instead of rolling a version back unjudged;
 4. otherwise hold.
+
+Each decision carries a verdict — `passed`, `worse`, `guardrail` or `inconclusive` (the limit came
+first) — so that a rollback for lack of evidence is never mistaken for one on evidence.
 
 `decide` is pure (state, evidence, clock in; decision out) so the controller, its tests and the
 audit log see exactly the same reasoning. Knows nothing about HTTP, MLflow or the gateway.
@@ -27,9 +34,10 @@ from typing import Literal
 
 from online_rl.rollout.sequential import ArmStats, Comparison, compare
 
-__all__ = ["ArmHealth", "Decision", "Evidence", "Guardrails", "RolloutPlan", "decide"]
+__all__ = ["ArmHealth", "Decision", "Evidence", "Guardrails", "RolloutPlan", "Verdict", "decide"]
 
 Action = Literal["hold", "advance", "promote", "rollback"]
+Verdict = Literal["pending", "passed", "worse", "guardrail", "inconclusive"]
 
 
 @dataclass(frozen=True)
@@ -44,9 +52,10 @@ class Guardrails:
 @dataclass(frozen=True)
 class RolloutPlan:
     steps: tuple[float, ...] = (0.05, 0.25, 0.5, 1.0)
-    min_samples: int = 200  # rewards per arm before a step may pass
+    min_samples: int = 200  # rewards per arm before a step may pass (or end without a verdict)
     margin: float = 0.02  # "no worse than" tolerance on the 0-1 reward scale
-    max_step_s: float = 3600.0
+    max_step_samples: int | None = None  # challenger rewards in a step without a verdict; None: 5 × min
+    max_step_s: float | None = None  # an optional time limit of a step (once min_samples are in)
     on_timeout: Literal["rollback", "advance"] = "rollback"
     alpha: float = 0.05
     tau: float = 0.1
@@ -57,8 +66,16 @@ class RolloutPlan:
         if not steps or any(not 0 < w <= 1 for w in steps) or steps != sorted(set(steps)):
             raise ValueError(f"rollout steps {self.steps} must be increasing weights in (0, 1], "
                              "e.g. 0.05, 0.25, 0.5, 1")
-        if self.min_samples < 1 or self.margin < 0 or self.max_step_s <= 0:
+        if self.min_samples < 1 or self.margin < 0 or (self.max_step_s is not None and self.max_step_s <= 0):
             raise ValueError("rollout min_samples must be >= 1, margin >= 0 and max_step_s > 0")
+        if self.max_step_samples is not None and self.max_step_samples < self.min_samples:
+            raise ValueError(f"rollout max_step_samples={self.max_step_samples} must be >= min_samples="
+                             f"{self.min_samples}: a step cannot end for lack of evidence before it may pass")
+
+    @property
+    def step_samples_limit(self) -> int:
+        """Challenger rewards in one step after which it ends without a verdict."""
+        return self.max_step_samples if self.max_step_samples is not None else 5 * self.min_samples
 
 
 @dataclass(frozen=True)
@@ -120,6 +137,7 @@ class Decision:
     step: int  # the step index the decision was taken at
     weight: float  # the challenger weight after the decision
     comparison: Comparison
+    verdict: Verdict = "pending"
 
 
 def _guardrail(plan: RolloutPlan, evidence: Evidence) -> str | None:
@@ -149,23 +167,34 @@ def decide(plan: RolloutPlan, step: int, step_started: float, now: float, eviden
     weight = plan.steps[step]
     broken = _guardrail(plan, evidence)
     if broken:
-        return Decision("rollback", f"guardrail: {broken}", step, 0.0, comparison)
+        return Decision("rollback", f"guardrail: {broken}", step, 0.0, comparison, "guardrail")
     if comparison.upper < 0:
         return Decision("rollback", f"challenger worse: reward difference in [{comparison.lower:.3f}, "
-                        f"{comparison.upper:.3f}] (always-valid {1 - plan.alpha:.0%})", step, 0.0, comparison)
-    enough = min(evidence.challenger.n, evidence.champion.n) >= plan.min_samples
+                        f"{comparison.upper:.3f}] (always-valid {1 - plan.alpha:.0%})", step, 0.0, comparison,
+                        "worse")
+    n_ch, n_cp = evidence.challenger.n, evidence.champion.n
+    interval = f"difference in [{comparison.lower:.3f}, {comparison.upper:.3f}] on {n_ch}/{n_cp} rewards"
+    enough = min(n_ch, n_cp) >= plan.min_samples
     if enough and comparison.lower > -plan.margin:
-        last = step == len(plan.steps) - 1
-        reason = (f"challenger no worse than -{plan.margin}: difference in [{comparison.lower:.3f}, "
-                  f"{comparison.upper:.3f}] on {evidence.challenger.n}/{evidence.champion.n} rewards")
-        if last:
-            return Decision("promote", reason, step, 1.0, comparison)
-        return Decision("advance", reason, step + 1, plan.steps[step + 1], comparison)
-    if now - step_started >= plan.max_step_s:
+        reason = f"challenger no worse than -{plan.margin}: {interval}"
+        if step == len(plan.steps) - 1:
+            return Decision("promote", reason, step, 1.0, comparison, "passed")
+        return Decision("advance", reason, step + 1, plan.steps[step + 1], comparison, "passed")
+    limit = _limit(plan, n_ch, now - step_started) if enough else None
+    if limit is not None:
+        reason = f"no verdict after {limit}: {interval}, not confidently no worse than -{plan.margin}"
         if plan.on_timeout == "advance" and step < len(plan.steps) - 1:
-            return Decision("advance", "step timed out without a verdict (on_timeout: advance)", step + 1,
-                            plan.steps[step + 1], comparison)
-        return Decision("rollback", f"step timed out after {plan.max_step_s:.0f}s without confidence that "
-                        "the challenger is no worse", step, 0.0, comparison)
-    return Decision("hold", f"waiting: {evidence.challenger.n}/{evidence.champion.n} rewards, difference in "
-                    f"[{comparison.lower:.3f}, {comparison.upper:.3f}]", step, weight, comparison)
+            return Decision("advance", f"{reason} (on_timeout: advance)", step + 1, plan.steps[step + 1],
+                            comparison, "inconclusive")
+        return Decision("rollback", f"{reason} (on_timeout: rollback)", step, 0.0, comparison, "inconclusive")
+    waiting = "" if enough else f" (a step needs {plan.min_samples} on each arm)"
+    return Decision("hold", f"waiting: {interval}{waiting}", step, weight, comparison)
+
+
+def _limit(plan: RolloutPlan, challenger_rewards: int, elapsed_s: float) -> str | None:
+    """The step's limit that was reached, in words (None: none yet)."""
+    if challenger_rewards >= plan.step_samples_limit:
+        return f"{challenger_rewards} challenger rewards (max_step_samples {plan.step_samples_limit})"
+    if plan.max_step_s is not None and elapsed_s >= plan.max_step_s:
+        return f"{elapsed_s:.0f}s (max_step_s {plan.max_step_s:.0f})"
+    return None

@@ -34,8 +34,17 @@ HISTORY = [
     {"at": 1100.0, "version": "1", "action": "start", "reason": "rollout of version 1 at 50%", "weight": 0.5},
     {"at": 1200.0, "version": "1", "action": "promote", "reason": "no worse", "weight": 1.0},
     {"at": 1250.0, "version": "2", "action": "start", "reason": "rollout of version 2 at 50%", "weight": 0.5},
-    {"at": 1280.0, "version": "2", "action": "rollback", "reason": "challenger worse", "weight": 0.0},
+    {"at": 1280.0, "version": "2", "action": "rollback", "reason": "challenger worse", "weight": 0.0,
+     "actor": "controller", "evidence": {"verdict": "worse"}},
+    {"at": 1290.0, "version": "3", "action": "start", "reason": "rollout of version 3 at 50%", "weight": 0.5},
+    {"at": 1295.0, "version": "3", "action": "rollback", "reason": "no verdict after 150 challenger rewards",
+     "weight": 0.0, "actor": "controller", "evidence": {"verdict": "inconclusive"}},
 ]
+META = {"preference": "length:12", "registered": REG, "stopped_by": "goal",
+        "machine": {"cpu": "Some CPU", "isa": "AVX2", "cores": 2, "precision": "fp32"},
+        "components": {"trainer": {"restarts": 1, "exited_during_run": True, "failed": False,
+                                   "tail": "    Traceback ...\n    MemoryError", "exit_code": -9},
+                       "joiner": {"restarts": 0, "exited_during_run": False, "failed": False, "tail": ""}}}
 VERSIONS = [
     {"version": "1", "aliases": ["champion"], "tags": {"rollout.status": "promoted"}, "created_at": 1095.0},
     {"version": "2", "aliases": [], "tags": {"rollout.status": "rolled_back"}, "created_at": 1245.0},
@@ -48,8 +57,7 @@ def test_the_report_measures_base_final_promotions_and_freshness(tmp_path: Path)
     # v1 trained on feedback up to request b79 (sent at 1079.5); it began serving at 1100; v2 on m40
     # (sent 1140.5), serving at 1250.
     trained = {"1": {"b3", "b79"}, "2": {"m40", "unknown"}}
-    report = build_report(_answers(), HISTORY, VERSIONS, trained, ability, BASE, REG,
-                          {"preference": "length:12", "registered": REG}, bucket_s=50)
+    report = build_report(_answers(), HISTORY, VERSIONS, trained, ability, BASE, REG, META, bucket_s=50)
     assert report["base_reward"] == 0.3  # 100 + 50 base answers, 30 % liked
     assert report["final_reward"] == 1.0 and report["final"]["answers"] == 90  # after the promotion, v1 only
     assert report["reward_gain"] == 0.7
@@ -57,7 +65,14 @@ def test_the_report_measures_base_final_promotions_and_freshness(tmp_path: Path)
     assert report["freshness_s_by_version"] == {f"{REG}-v1": 20.5, f"{REG}-v2": 109.5}
     assert report["freshness_s"] == 65.0
     assert report["ability"] == {**report["ability"], "base": 7, "final": 7, "asked": 8, "collapsed": False}
-    assert [d["action"] for d in report["decisions"]] == ["start", "promote", "start", "rollback"]
+    assert [d["action"] for d in report["decisions"]] == ["start", "promote", "start", "rollback", "start",
+                                                          "rollback"]
+    # what a reader needs to trust the figure: why it stopped, how many answers the final figure rests on,
+    # which machine, which components fell over, and whether rollbacks were on evidence or for its lack
+    assert report["stopped_by"] == "goal" and report["final_answers"] == 90
+    assert report["machine"]["precision"] == "fp32" and report["restarts"] == {"trainer": 1, "joiner": 0}
+    assert [e["name"] for e in report["exited"]] == ["trainer"]
+    assert report["rollbacks"] == {"worse": [f"{REG}-v2"], "inconclusive": [f"{REG}-v3"]}
     first = report["timeline"][0]
     assert first["start_s"] == 0 and first["versions"] == {BASE: {"reward": 0.3, "feedback": 50}}
 
@@ -68,6 +83,10 @@ def test_the_report_measures_base_final_promotions_and_freshness(tmp_path: Path)
     assert "| base model's reward | 0.300 (150 feedback) |" in markdown
     assert f"| promoted through the canary | {REG}-v1 |" in markdown
     assert "rollback | challenger worse" in markdown
+    assert "| rolled back | v2: worse on the users' feedback; v3: for lack of evidence" in markdown
+    assert "**trainer exited during the run** (1 restart(s); the watchdog restarted it)" in markdown
+    assert "MemoryError" in markdown and "stopped because the goal was reached" in markdown
+    assert "Machine: Some CPU, ISA AVX2, 2 cores, trainer precision fp32." in markdown
 
 
 def test_without_a_promotion_there_is_no_final_reward_and_a_collapse_is_flagged() -> None:

@@ -124,9 +124,17 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
     # The demo on the running loop: simulated users for a short budget, then the report.
     from online_rl.demo import run_demo
 
+    said: list[str] = []
     report = run_demo(settings, tmp_path / "report", budget_s=45, measure=10, concurrency=4, max_tokens=8,
-                      users=20, silent=0.0, noise=0.0, show=False, echo=lambda _: None)
+                      users=20, silent=0.0, noise=0.0, echo=said.append, line_every_s=5)
     saved = json.loads((tmp_path / "report" / "report.json").read_text())
+    # no terminal here: plain progress lines instead of bars, so a run in CI or under nohup shows life
+    progress = [line for line in said if line.startswith("[") and " answers · reward (last 200) " in line]
+    assert len(progress) >= 3 and all("trainer step" in line for line in progress), said
+    assert saved["stopped_by"] in ("goal", "budget") and saved["final_answers"] >= 0
+    assert saved["machine"]["precision"] in ("fp32", "bf16") and saved["machine"]["isa"]
+    assert saved["restarts"] == dict.fromkeys(
+        ["mlflow", "inference", "feedback", "joiner", "trainer", "gateway"], 0) and saved["exited"] == []
     assert saved["base_reward"] == report["base_reward"] is not None
     assert {"base_reward", "final_reward", "promoted_versions", "freshness_s"} <= set(saved)
     assert saved["base_feedback"] > 10 and saved["meta"]["requests"] > 10

@@ -66,7 +66,7 @@ def test_a_good_challenger_walks_the_plan_to_promotion(client: Any, tmp_path: Pa
         client.get_model_version_by_alias("policy", "challenger")
     tags = client.get_model_version("policy", "2").tags
     assert tags["rollout.status"] == "promoted" and tags["rollout.replaced"] == "1"
-    assert float(tags["rollout.evidence.lower"]) > -0.02
+    assert float(tags["rollout.evidence.lower"]) > -0.02 and tags["rollout.verdict"] == "passed"
     assert client.get_model_version("policy", "1").tags["rollout.superseded_by"] == "2"  # still loadable
     assert [e["action"] for e in store.entries()] == ["start", "advance", "advance", "promote"]
     assert all(e["evidence"]["challenger_n"] == 2000 for e in store.entries()[1:])
@@ -88,6 +88,7 @@ def test_a_worse_challenger_is_rolled_back_and_the_champion_kept(client: Any, tm
         client.get_model_version_by_alias("policy", "challenger")
     tags = client.get_model_version("policy", "2").tags
     assert tags["rollout.status"] == "rolled_back" and "challenger worse" in tags["rollout.reason"]
+    assert tags["rollout.verdict"] == "worse"  # on evidence, not for the lack of it
 
 
 def test_people_pause_resume_and_decide_and_the_state_survives_a_restart(client: Any, tmp_path: Path) -> None:

@@ -20,25 +20,51 @@ def _arm(n: int, mean: float) -> ArmStats:
 def test_a_challenger_as_good_advances_step_by_step_then_is_promoted() -> None:
     evidence = Evidence(_arm(2000, 0.62), _arm(2000, 0.5))
     first = decide(PLAN, 0, step_started=0, now=10, evidence=evidence)
-    assert (first.action, first.step, first.weight) == ("advance", 1, 0.25)
+    assert (first.action, first.step, first.weight, first.verdict) == ("advance", 1, 0.25, "passed")
     assert "no worse than -0.02" in first.reason
     last = decide(PLAN, 2, 0, 10, evidence)
     assert (last.action, last.weight) == ("promote", 1.0)
 
 
-def test_too_little_feedback_holds_and_a_timeout_rolls_back() -> None:
+def test_too_little_feedback_holds_whatever_the_clock_says() -> None:
+    """A quiet service: the challenger's arm has not gathered min_samples rewards. However long that takes,
+    the step waits for evidence instead of rolling the version back unjudged."""
     evidence = Evidence(_arm(40, 0.7), _arm(900, 0.5))
     assert decide(PLAN, 0, 0, 10, evidence).action == "hold"
+    later = decide(PLAN, 0, 0, 100_000, evidence)  # max_step_s (600) long past
+    assert later.action == "hold" and "a step needs 100 on each arm" in later.reason
+    assert decide(RolloutPlan(steps=(0.05, 1.0), min_samples=100), 0, 0, 10**7, evidence).action == "hold"
+
+
+def test_a_step_without_a_verdict_ends_at_its_evidence_limit_as_inconclusive() -> None:
+    plan = RolloutPlan(steps=(0.3, 1.0), min_samples=30, margin=0.02)  # no time limit: 5 × 30 rewards
+    unclear = lambda n: Evidence(_arm(n, 0.5), _arm(3 * n, 0.5))  # noqa: E731 - as good, not provably
+    assert decide(plan, 0, 0, 10**6, unclear(149)).action == "hold"
+    out = decide(plan, 0, 0, 10, unclear(150))
+    assert (out.action, out.verdict) == ("rollback", "inconclusive")
+    assert "no verdict after 150 challenger rewards (max_step_samples 150)" in out.reason
+    lenient = RolloutPlan(steps=(0.3, 1.0), min_samples=30, max_step_samples=60, on_timeout="advance")
+    out = decide(lenient, 0, 0, 10, unclear(60))
+    assert (out.action, out.weight, out.verdict) == ("advance", 1.0, "inconclusive")
+
+
+def test_the_optional_time_limit_counts_only_once_min_samples_are_in() -> None:
+    evidence = Evidence(_arm(120, 0.5), _arm(900, 0.5))  # enough rewards, no confidence yet
+    assert decide(PLAN, 0, 0, 599, evidence).action == "hold"
     timed_out = decide(PLAN, 0, 0, 601, evidence)
-    assert timed_out.action == "rollback" and "timed out after 600s" in timed_out.reason
-    lenient = RolloutPlan(steps=(0.05, 1.0), min_samples=100, max_step_s=600, on_timeout="advance")
-    assert decide(lenient, 0, 0, 601, evidence).action == "advance"
+    assert (timed_out.action, timed_out.verdict) == ("rollback", "inconclusive")
+    assert "no verdict after 601s (max_step_s 600)" in timed_out.reason
+
+
+def test_a_limit_below_min_samples_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_step_samples=10 must be >= min_samples=30"):
+        RolloutPlan(min_samples=30, max_step_samples=10)
 
 
 def test_a_worse_challenger_is_rolled_back_with_its_evidence() -> None:
     out = decide(PLAN, 1, 0, 10, Evidence(_arm(800, 0.3), _arm(3000, 0.5)))
     assert (out.action, out.weight) == ("rollback", 0.0)
-    assert out.comparison.upper < 0 and "challenger worse" in out.reason
+    assert out.comparison.upper < 0 and "challenger worse" in out.reason and out.verdict == "worse"
 
 
 def test_guardrails_roll_back_whatever_the_reward_says() -> None:
