@@ -1,19 +1,22 @@
 # The two commands of the README, and what they stand on.
 #   make demo   run the main job on the embedded default
 #   make test   run the whole test suite (ruff, mypy, pytest with a real Kafka broker)
-.PHONY: setup test test-fast lint demo kafka-start kafka-stop clean
+.PHONY: setup setup-test test test-fast lint demo kafka-start kafka-stop clean
 
 setup:
 	@bash deploy/setup.sh
+
+setup-test:
+	@bash deploy/setup.sh --test-tools
 
 lint: setup
 	.venv/bin/ruff check online_rl services tests bench
 	.venv/bin/mypy
 
-test: setup
+test: setup-test
 	@bash deploy/local/run-tests.sh
 
-test-fast: setup
+test-fast: setup-test
 	@PYTEST_ARGS="-m 'not slow'" bash deploy/local/run-tests.sh
 
 demo: setup

@@ -9,8 +9,17 @@
 #   GPU machine: requirements/lock-gpu.txt (the `gpu` extra: vllm 0.32.0 from PyPI, which pins the
 #                same torch 2.13.0; its CUDA build is PyPI's default torch).
 # A second run with everything in place compares a stamp and returns in about a second.
+# With --test-tools (`make test`) it also installs what only the tests use: Debian's Chromium (the
+# rollout page's browser test) and the Helm CLI (built with go install, about 2 minutes once; the
+# chart's tests). `make demo` does not wait for them.
 # Environment: ORL_DEVICE=cpu|gpu (default: gpu when `nvidia-smi -L` lists one), ORL_VENV (.venv).
 set -euo pipefail
+test_tools=0
+case "${1:-}" in
+  --test-tools) test_tools=1 ;;
+  "") ;;
+  *) echo "setup: error: unknown argument '$1' (use --test-tools or nothing)" >&2; exit 2 ;;
+esac
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${ORL_VENV:-$root/.venv}
@@ -27,7 +36,8 @@ fi
 case "$device" in cpu|gpu) ;; *) die "ORL_DEVICE must be cpu, gpu or auto (got '$device')" ;; esac
 
 # Debian's Chromium for the rollout page's browser test (Playwright drives it; no browser download).
-if ! command -v chromium >/dev/null 2>&1 && [ "${ORL_SKIP_BROWSER:-0}" != 1 ]; then
+ensure_chromium() {
+  if command -v chromium >/dev/null 2>&1 || [ "${ORL_SKIP_BROWSER:-0}" = 1 ]; then return 0; fi
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "installing Debian's chromium (for the browser test)"
     apt-get install -y -q chromium >/dev/null 2>&1 \
@@ -36,7 +46,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "${ORL_SKIP_BROWSER:-0}" != 1 ]; t
   else
     say "warning: no chromium (install Debian's chromium package); the browser test will be skipped"
   fi
-fi
+}
 
 # The Helm CLI for the chart's tests (tests/deploy), built from the Go module proxy into the venv.
 helm_version=v4.3.2
@@ -54,8 +64,11 @@ ensure_helm() {
 
 key=$(cat "$root/pyproject.toml" "$root/requirements/lock-$device.txt" "$root/deploy/setup.sh" | sha256sum | cut -d' ' -f1)-$device
 stamp=$venv/.online-rl-setup
+test_tools() {
+  if [ "$test_tools" = 1 ]; then ensure_chromium; ensure_helm; fi
+}
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && "$venv/bin/python" -c "import online_rl" 2>/dev/null; then
-  ensure_helm
+  test_tools
   say "up to date ($device, $venv)"
   exit 0
 fi
@@ -107,6 +120,6 @@ fi
 
 "$venv/bin/python" -c "import online_rl, torch, transformers, vllm" \
   || die "the environment was installed but does not import; remove $venv and run make setup again"
-ensure_helm
 echo "$key" > "$stamp"
+test_tools
 say "done in $((SECONDS - start))s ($device, $venv)"
