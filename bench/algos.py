@@ -1,6 +1,6 @@
 """Learning-step benchmark: our DPO step against TRL's DPOTrainer, same model, data, batch and LoRA.
 
-    .venv/bin/python bench/algos.py [--steps 6] [--batch 8] [--precision bf16,fp32]
+    .venv/bin/python bench/algos.py [--steps 6] [--batch 8] [--precision auto|bf16,fp32]
 
 On the embedded model (SmolLM2-135M-Instruct) with LoRA r=8 on q,k,v,o, for each precision:
 1. TRL's `DPOTrainer` trains `--steps` batches of `--batch` pairs (sigmoid loss, beta 0.1, AdamW,
@@ -15,8 +15,10 @@ products under bfloat16 autocast. MFU is the model FLOP/s of our step (forward a
 the policy, forward of the reference; prompts counted once, as computed) over the best rate a large
 matrix product reaches here in the same precision (the VM hides its clock, so the datasheet peak is
 unknown; `peak_gflops` reports the measured figure).
+`--precision auto` (the default) runs float32, and bfloat16 too where `precision: auto` picks it here.
 The last line is one JSON object: `ratio_vs_trl` (tokens/s ours / TRL, both bf16), `ratio_vs_trl_fp32`
-(both fp32), `ratio_bf16_vs_trl_fp32`, `mfu` (bf16), `mfu_fp32`, tokens/s per side and precision.
+(both fp32), `ratio_bf16_vs_trl_fp32`, `mfu` (bf16), `mfu_fp32`, tokens/s per side and precision, and
+the machine (CPU model, ISA, cores).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from bench.common import emit
+from bench.common import emit, precisions
 from online_rl.algos import DPOConfig
 from online_rl.algos.batch import Precision, dpo_batch_loss
 from online_rl.algos.policy import LoraSpec, lora_policy
@@ -181,14 +183,16 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=6, help="steps per side (the first is a warm-up)")
     parser.add_argument("--batch", type=int, default=8, help="pairs per step")
-    parser.add_argument("--precision", default="bf16,fp32", help="comma-separated: bf16, fp32")
+    parser.add_argument("--precision", default="auto",
+                        help="auto (fp32, and bf16 where auto picks it here) or comma-separated: bf16, fp32")
     options = parser.parse_args()
     model_dir = prepare_embedded_model(load_settings().model_dir).path
     spec = LoraSpec(rank=8, alpha=16, dropout=0.0)
     rows = dataset(options.batch * options.steps)
     result: dict[str, Any] = {"batch": options.batch, "steps": options.steps,
                               "threads": torch.get_num_threads()}
-    for precision in options.precision.split(","):
+    chosen = precisions(options.precision)
+    for precision in chosen:
         batches, trl_times = run_trl(model_dir, rows, spec, options.batch, options.steps, precision)  # type: ignore[arg-type]
         ours_times = run_ours(model_dir, batches, spec, precision)  # type: ignore[arg-type]
         timed = batches[1:]
@@ -215,7 +219,7 @@ def main() -> None:
         # what a TRL user on its default (float32) would see switching to our bfloat16 step
         ours, trl = result["ours_tokens_per_s"], result["trl_tokens_per_s_fp32"]
         result["ratio_bf16_vs_trl_fp32"] = round(ours / trl, 2)
-    emit(result)
+    emit(result, "+".join(chosen))
 
 
 if __name__ == "__main__":

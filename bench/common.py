@@ -61,6 +61,24 @@ def embedded_env(work: Path, model_dir: Path) -> dict[str, str]:
             "ORL_MLFLOW__TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
 
 
-def emit(result: dict[str, Any]) -> None:
-    """Print the result as the last line of output: one JSON object."""
+def emit(result: dict[str, Any], precision: str | None = None) -> None:
+    """Print the machine line (CPU model, ISA, cores, precision), then the result as the last line of
+    output: one JSON object, with the machine in it too."""
+    from online_rl.hardware import machine_info, machine_line
+
+    print(machine_line(precision), flush=True)
+    result = {**result, "machine": machine_info(precision)}
     print(json.dumps(result, sort_keys=True), flush=True)
+
+
+def precisions(requested: str) -> list[str]:
+    """The precisions a benchmark runs: `auto` means float32 always, and bfloat16 as well where
+    `precision: auto` picks it on this machine (on an AVX2-only CPU a bf16 run would take hours);
+    otherwise the comma-separated list given."""
+    if requested != "auto":
+        return [p for p in requested.split(",") if p]
+    from online_rl.hardware import resolve_precision
+
+    choice = resolve_precision("auto", log_choice=False)
+    print(f"precision auto on this machine: {choice.describe()}", flush=True)
+    return ["fp32", "bf16"] if choice.precision == "bf16" else ["fp32"]

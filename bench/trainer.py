@@ -3,8 +3,9 @@
     deploy/local/env.sh .venv/bin/python bench/trainer.py [--backlog 64] [--stream 48] [--rate 2]
 
 On a real Kafka broker (started for the run unless `--bootstrap`), a real MLflow store and a local Ray
-runtime, with the embedded model (SmolLM2-135M-Instruct, LoRA r=8 on q,k,v,o, bfloat16 base, batches
-of 8 preference pairs), each worker count runs the whole trainer (`online_rl.trainer.Trainer`: collect,
+runtime, with the embedded model (SmolLM2-135M-Instruct, LoRA r=8 on q,k,v,o, batches of 8 preference
+pairs), for each precision (`--precision auto`: float32, and bfloat16 too where `precision: auto` picks
+it on this machine) and each worker count, it runs the whole trainer (`online_rl.trainer.Trainer`: collect,
 score, update, checkpoint, commit, publish) in two phases:
 
 1. **Throughput**: `--backlog` pairs already on the bus; samples/s = pairs trained / time from the
@@ -18,7 +19,8 @@ score, update, checkpoint, commit, publish) in two phases:
 The 1-worker run is the baseline; `scaling_2_vs_1` is samples/s with 2 workers over 1 (on the 2 cores
 here both runs have the same CPUs: 1 worker x 2 threads vs 2 workers x 1 thread). The last line is one
 JSON object: `samples_per_s` and `freshness_s` (1 worker), `samples_per_s_2` and `freshness_s_2`
-(2 workers), p90s and `scaling_2_vs_1`.
+(2 workers), p90s and `scaling_2_vs_1`, for the precision `auto` picks here (`precision`), the same
+figures of every precision run with a `_fp32`/`_bf16` suffix, and the machine (CPU model, ISA, cores).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import emit, kafka_broker
+from bench.common import emit, kafka_broker, precisions
 from online_rl.bus.kafka import KafkaBus
 from online_rl.bus.topics import Topics
 from online_rl.config import Settings, load_settings
@@ -74,7 +76,8 @@ def _pair(i: int, rng: random.Random, model: str) -> TrainingSample:
     )
 
 
-def _settings(base: Settings, bootstrap: str, workers: int, publish_every: int, root: Path) -> Settings:
+def _settings(base: Settings, bootstrap: str, workers: int, publish_every: int, root: Path,
+              precision: str) -> Settings:
     cpus = base.ray.num_cpus
     return base.model_copy(update={
         "cache_dir": root, "model": base.model.model_copy(update={"path": base.model_dir}),
@@ -82,14 +85,15 @@ def _settings(base: Settings, bootstrap: str, workers: int, publish_every: int, 
         "bus": base.bus.model_copy(update={"topic_prefix": f"bt{uuid.uuid4().hex[:8]}"}),
         "mlflow": base.mlflow.model_copy(update={"registered_model": "bench-policy", "tracking_uri": None}),
         "trainer": base.trainer.model_copy(update={
-            "workers": workers, "cpus_per_worker": max(1.0, cpus / workers), "precision": "bf16",
+            "workers": workers, "cpus_per_worker": max(1.0, cpus / workers), "precision": precision,
             "batch_size": 8, "batch_timeout_s": 0.5, "learning_rate": 1e-4,
             "publish_every_samples": publish_every, "publish_every_s": 3600.0,
             "checkpoint_dir": root / "checkpoints", "group_id": f"bench-{uuid.uuid4().hex[:6]}"}),
     })
 
 
-def measure(base: Settings, bootstrap: str, workers: int, args: argparse.Namespace) -> dict[str, float]:
+def measure(base: Settings, bootstrap: str, workers: int, args: argparse.Namespace,
+            precision: str) -> dict[str, float]:
     import mlflow
 
     from online_rl.registry import read_lineage
@@ -97,7 +101,7 @@ def measure(base: Settings, bootstrap: str, workers: int, args: argparse.Namespa
     from online_rl.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="orl-bench-trainer-") as tmp:
-        settings = _settings(base, bootstrap, workers, args.publish_every, Path(tmp))
+        settings = _settings(base, bootstrap, workers, args.publish_every, Path(tmp), precision)
         topics = Topics(settings.bus.topic_prefix)
         bus = KafkaBus(bootstrap)
         bus.create_topic(topics.samples, 2)
@@ -181,28 +185,37 @@ def main() -> None:
     parser.add_argument("--idle-exit", type=float, default=6.0, help="stop after this many quiet seconds")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     parser.add_argument("--bootstrap", default=None, help="an existing Kafka broker (else one is started)")
+    parser.add_argument("--precision", default="auto",
+                        help="auto (fp32, and bf16 where auto picks it here) or comma-separated: bf16, fp32")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     base = load_settings()
-    results: dict[int, dict[str, float]] = {}
+    chosen = precisions(args.precision)
+    results: dict[tuple[str, int], dict[str, float]] = {}
     with kafka_broker(args.bootstrap) as bootstrap:
-        for workers in (int(w) for w in args.workers.split(",")):
-            results[workers] = figures = measure(base, bootstrap, workers, args)
-            print(f"{workers} worker(s): {figures['samples_per_s']:.2f} samples/s, freshness median "
-                  f"{figures['freshness_s']:.1f} s, p90 {figures['freshness_p90_s']:.1f} s "
-                  f"({figures['versions']} versions, {figures['fresh_samples']} streamed samples)",
-                  flush=True)
+        for precision in chosen:
+            for workers in (int(w) for w in args.workers.split(",")):
+                results[precision, workers] = figures = measure(base, bootstrap, workers, args, precision)
+                print(f"{precision}, {workers} worker(s): {figures['samples_per_s']:.2f} samples/s, "
+                      f"freshness median {figures['freshness_s']:.1f} s, "
+                      f"p90 {figures['freshness_p90_s']:.1f} s ({figures['versions']} versions, "
+                      f"{figures['fresh_samples']} streamed samples)", flush=True)
+    main_precision = chosen[-1]  # bf16 when auto picks it here, else fp32
     out: dict[str, Any] = {"backlog": args.backlog, "stream": args.stream, "rate_per_s": args.rate,
-                           "publish_every_samples": args.publish_every}
-    for workers, figures in results.items():
-        suffix = "" if workers == 1 else f"_{workers}"
-        out |= {f"samples_per_s{suffix}": round(figures["samples_per_s"], 3),
-                f"freshness_s{suffix}": round(figures["freshness_s"], 2),
-                f"freshness_p90_s{suffix}": round(figures["freshness_p90_s"], 2)}
-    if 1 in results and 2 in results:
-        out["scaling_2_vs_1"] = round(results[2]["samples_per_s"] / results[1]["samples_per_s"], 3)
-        print(f"2 workers / 1 worker: {out['scaling_2_vs_1']:.2f}x samples/s")
-    emit(out)
+                           "publish_every_samples": args.publish_every, "precision": main_precision}
+    for (precision, workers), figures in results.items():
+        for tail in ([""] if precision == main_precision else []) + [f"_{precision}"]:
+            suffix = ("" if workers == 1 else f"_{workers}") + tail
+            out |= {f"samples_per_s{suffix}": round(figures["samples_per_s"], 3),
+                    f"freshness_s{suffix}": round(figures["freshness_s"], 2),
+                    f"freshness_p90_s{suffix}": round(figures["freshness_p90_s"], 2)}
+        if workers == 2 and (precision, 1) in results:
+            scaling = round(figures["samples_per_s"] / results[precision, 1]["samples_per_s"], 3)
+            out[f"scaling_2_vs_1_{precision}"] = scaling
+            if precision == main_precision:
+                out["scaling_2_vs_1"] = scaling
+            print(f"{precision}: 2 workers / 1 worker: {scaling:.2f}x samples/s")
+    emit(out, main_precision)
 
 
 if __name__ == "__main__":

@@ -408,8 +408,9 @@ class RolloutConfig(BaseModel):
     margin: float = Field(default=0.02, ge=0, le=1, description="'No worse than' tolerance, 0-1 reward.")
     max_step_samples: int | None = Field(
         default=None, ge=1,
-        description="A step without a verdict ends once the challenger has this many rewards in it (the "
-        "limit follows the evidence, whatever the traffic); empty: 5 × min_samples.",
+        description="A step without a verdict ends once each arm has this many rewards in it (at full "
+        "weight: the challenger; the limit follows the evidence, whatever the traffic); empty: 5 × "
+        "min_samples.",
     )
     max_step_s: float | None = Field(
         default=None, gt=0,

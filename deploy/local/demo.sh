@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default (the README's first command, `make demo`).
 #
-# 1. the embedded model (SmolLM2-135M-Instruct from PyPI, converted once and verified);
+# 1. the embedded model (SmolLM2-135M-Instruct from PyPI, converted once and verified), the machine
+#    line and what `precision: auto` picks here, and the trainer's cadence for this machine's speed;
 # 2. `online-rl up --fresh`: the Kafka broker, the MLflow server (SQLite, UI), an inference replica,
 #    the feedback API, the joiner, the trainer and the canary gateway as local processes;
 # 3. `online-rl demo`: simulated users who like short answers chat through the gateway and give
@@ -19,10 +20,13 @@ cli=.venv/bin/online-rl
 export ORL_CONFIG=${ORL_CONFIG:-deploy/local/demo.yaml}
 out=${ORL_DEMO_OUT:-demo-report}
 
-echo "== 1/3 the embedded model, and the trainer's cold-start anchors (against forgetting)"
+echo "== 1/3 the embedded model, the trainer's cold-start anchors (against forgetting), this machine"
 $cli model prepare
 ORL_TRAINER__COLD_START=$(.venv/bin/python -m online_rl.demo.anchors)
 export ORL_TRAINER__COLD_START
+$cli version | tail -4
+# one training step of the demo's shape, timed: the trainer's batch and publish cadence follow it
+eval "$(.venv/bin/python -m online_rl.demo.tune)"
 echo "== 2/3 the loop: every component as a local process"
 $cli down >/dev/null 2>&1 || true   # a previous demo's run, if one is still up
 $cli up --fresh

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from online_rl.config import Settings
 
-__all__ = ["KAFKA_SCRIPT", "Component", "Wiring", "bus_kind", "plan"]
+__all__ = ["KAFKA_SCRIPT", "Component", "Wiring", "bus_kind", "plan", "threads"]
 
 KAFKA_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local" / "kafka" / "kafka.sh"
 
@@ -74,6 +74,14 @@ def bus_kind(settings: Settings) -> tuple[str, bool]:
     return choice, choice == "kafka"
 
 
+def threads(settings: Settings) -> tuple[int, float]:
+    """(the inference replica's threads, the trainer's CPUs) on this machine: half the cores each unless
+    configured (`launch.inference_threads`, `trainer.cpus_per_worker`), so the two never fight for one."""
+    cores = os.cpu_count() or 2
+    inference = settings.launch.inference_threads or max(1, cores // 2)
+    return inference, settings.trainer.cpus_per_worker or max(1, cores - inference)
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "online_rl.cli", *args]
 
@@ -109,9 +117,7 @@ def plan(
         env["ORL_KAFKA__BOOTSTRAP_SERVERS"] = bootstrap
     else:
         env["ORL_BUS__EMBEDDED_PATH"] = str(run / "bus" / "bus.db")
-    cores = os.cpu_count() or 2
-    inference_threads = launch.inference_threads or max(1, cores // 2)
-    trainer_threads = settings.trainer.cpus_per_worker or max(1, cores - inference_threads)
+    inference_threads, trainer_threads = threads(settings)
     env["OMP_NUM_THREADS"] = "1"  # the light components; the two heavy ones get theirs below
     trainer_env = {"OMP_NUM_THREADS": str(max(1, int(trainer_threads))),
                    "ORL_TRAINER__CPUS_PER_WORKER": str(trainer_threads)}

@@ -13,10 +13,11 @@ champion's p99:
 2. enough feedback on both arms and the challenger confidently no worse than `margin` (lower bound
    > -margin): advance; after the last step, promote;
 3. the step reached its limit without that confidence: `on_timeout` (roll back by default). The limit
-   follows the evidence, not the clock: the challenger gathered `max_step_samples` rewards in the step
-   (default 5 × `min_samples`), or — only when a time limit `max_step_s` is set — that much time
-   passed. Neither ends a step before both arms have `min_samples` rewards: on a quiet service a step
-   waits for evidence instead of rolling a version back unjudged;
+   follows the evidence, not the clock: each arm gathered `max_step_samples` rewards in the step
+   (default 5 × `min_samples`; at full weight, where the champion serves nobody, the challenger), or —
+   only when a time limit `max_step_s` is set — that much time passed. Neither ends a step before both
+   arms have `min_samples` rewards: on a quiet service a step waits for evidence instead of rolling a
+   version back unjudged;
 4. otherwise hold.
 
 Each decision carries a verdict — `passed`, `worse`, `guardrail` or `inconclusive` (the limit came
@@ -54,7 +55,7 @@ class RolloutPlan:
     steps: tuple[float, ...] = (0.05, 0.25, 0.5, 1.0)
     min_samples: int = 200  # rewards per arm before a step may pass (or end without a verdict)
     margin: float = 0.02  # "no worse than" tolerance on the 0-1 reward scale
-    max_step_samples: int | None = None  # challenger rewards in a step without a verdict; None: 5 × min
+    max_step_samples: int | None = None  # rewards per arm in a step without a verdict; None: 5 × min
     max_step_s: float | None = None  # an optional time limit of a step (once min_samples are in)
     on_timeout: Literal["rollback", "advance"] = "rollback"
     alpha: float = 0.05
@@ -74,7 +75,7 @@ class RolloutPlan:
 
     @property
     def step_samples_limit(self) -> int:
-        """Challenger rewards in one step after which it ends without a verdict."""
+        """Rewards per arm in one step after which it ends without a verdict."""
         return self.max_step_samples if self.max_step_samples is not None else 5 * self.min_samples
 
 
@@ -180,7 +181,9 @@ def decide(plan: RolloutPlan, step: int, step_started: float, now: float, eviden
         if step == len(plan.steps) - 1:
             return Decision("promote", reason, step, 1.0, comparison, "passed")
         return Decision("advance", reason, step + 1, plan.steps[step + 1], comparison, "passed")
-    limit = _limit(plan, n_ch, now - step_started) if enough else None
+    # the evidence one more look could add: at full weight only the challenger's arm still grows
+    gathered = n_ch if weight >= 1.0 else min(n_ch, n_cp)
+    limit = _limit(plan, gathered, now - step_started) if enough else None
     if limit is not None:
         reason = f"no verdict after {limit}: {interval}, not confidently no worse than -{plan.margin}"
         if plan.on_timeout == "advance" and step < len(plan.steps) - 1:
@@ -191,10 +194,10 @@ def decide(plan: RolloutPlan, step: int, step_started: float, now: float, eviden
     return Decision("hold", f"waiting: {interval}{waiting}", step, weight, comparison)
 
 
-def _limit(plan: RolloutPlan, challenger_rewards: int, elapsed_s: float) -> str | None:
+def _limit(plan: RolloutPlan, gathered: int, elapsed_s: float) -> str | None:
     """The step's limit that was reached, in words (None: none yet)."""
-    if challenger_rewards >= plan.step_samples_limit:
-        return f"{challenger_rewards} challenger rewards (max_step_samples {plan.step_samples_limit})"
+    if gathered >= plan.step_samples_limit:
+        return f"{gathered} rewards per arm (max_step_samples {plan.step_samples_limit})"
     if plan.max_step_s is not None and elapsed_s >= plan.max_step_s:
         return f"{elapsed_s:.0f}s (max_step_s {plan.max_step_s:.0f})"
     return None

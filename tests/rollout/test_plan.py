@@ -37,14 +37,19 @@ def test_too_little_feedback_holds_whatever_the_clock_says() -> None:
 
 
 def test_a_step_without_a_verdict_ends_at_its_evidence_limit_as_inconclusive() -> None:
-    plan = RolloutPlan(steps=(0.3, 1.0), min_samples=30, margin=0.02)  # no time limit: 5 × 30 rewards
-    unclear = lambda n: Evidence(_arm(n, 0.5), _arm(3 * n, 0.5))  # noqa: E731 - as good, not provably
-    assert decide(plan, 0, 0, 10**6, unclear(149)).action == "hold"
-    out = decide(plan, 0, 0, 10, unclear(150))
+    plan = RolloutPlan(steps=(0.3, 0.6, 1.0), min_samples=30, margin=0.02)  # no time limit: 5 × 30 rewards
+    unclear = lambda ch, cp: Evidence(_arm(ch, 0.5), _arm(cp, 0.5))  # noqa: E731 - as good, not provably
+    assert decide(plan, 0, 0, 10**6, unclear(149, 450)).action == "hold"
+    out = decide(plan, 0, 0, 10, unclear(150, 450))
     assert (out.action, out.verdict) == ("rollback", "inconclusive")
-    assert "no verdict after 150 challenger rewards (max_step_samples 150)" in out.reason
+    assert "no verdict after 150 rewards per arm (max_step_samples 150)" in out.reason
+    # at 60 % the champion's arm is the smaller one: the step waits until it has its share too
+    assert decide(plan, 1, 0, 10, unclear(220, 149)).action == "hold"
+    assert decide(plan, 1, 0, 10, unclear(225, 150)).verdict == "inconclusive"
+    # at full weight the champion serves nobody: the challenger's rewards are what can still come
+    assert decide(plan, 2, 0, 10, unclear(150, 40)).verdict == "inconclusive"
     lenient = RolloutPlan(steps=(0.3, 1.0), min_samples=30, max_step_samples=60, on_timeout="advance")
-    out = decide(lenient, 0, 0, 10, unclear(60))
+    out = decide(lenient, 0, 0, 10, unclear(60, 180))
     assert (out.action, out.weight, out.verdict) == ("advance", 1.0, "inconclusive")
 
 
