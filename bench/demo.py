@@ -3,15 +3,17 @@ in one run of the whole loop.
 
     deploy/local/env.sh .venv/bin/python bench/demo.py [--budget 1200] [--measure 150] [--out DIR]
 
-Starts the loop as `make demo` does (`online-rl up --fresh` with deploy/local/demo.yaml and the
-cold-start anchors), runs the simulated users (`online-rl demo`: 100 users who like short answers,
-thumbs with 10 % noise, 10 % silent) until the last promoted version has `--measure` answers with
-feedback since its promotion, writes the report and stops the loop. The baseline is the base model
-serving the same users in the same run (everything it served before and beside the canary). The last
-line is one JSON object: `base_reward`, `final_reward` (0-1: the share of thumbs up),
-`reward_ratio` (final / base), `reward_gain`, `promoted_versions`, `freshness_s` (median: newest
-feedback trained on -> that version serving), `ability_base` / `ability_final` (of 8 fixed factual
-prompts) and `duration_s` (the simulated traffic) and `up_s` (starting the loop).
+Starts the loop as `make demo` does (`online-rl up --fresh` with deploy/local/demo.yaml, the cold-start
+anchors and the trainer's cadence timed on this machine), runs the simulated users (`online-rl demo`:
+100 users who like short answers, thumbs with 10 % noise, 10 % silent) until the last promoted version
+has `--measure` answers with feedback since its promotion, writes the report and stops the loop. The
+baseline is the base model serving the same users in the same run (everything it served before and
+beside the canary). The last line is one JSON object: `base_reward`, `final_reward` (0-1: the share of
+thumbs up), `reward_ratio` (final / base), `reward_gain`, `promoted_versions`, `freshness_s` (median:
+newest feedback trained on -> that version serving), `ability_base` / `ability_final` (of 8 fixed
+factual prompts), `duration_s` (the simulated traffic), `up_s` (starting the loop), `stopped_by` (goal
+or budget), `final_answers` (what the final figure rests on), rollbacks by verdict, restarts per
+component and the machine.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from bench.common import emit
 from online_rl.config import load_settings
 from online_rl.demo import run_demo
 from online_rl.demo.anchors import write_cold_start
+from online_rl.demo.tune import measure_step, tuned
 from online_rl.launch import down, up
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +50,7 @@ def main() -> None:
     settings = load_settings(config)
     os.environ["ORL_TRAINER__COLD_START"] = str(
         write_cold_start(settings, settings.cache_dir / "demo" / "cold-start.jsonl"))
+    os.environ.update(tuned(settings, measure_step(settings)))  # the trainer's cadence for this machine
     settings = load_settings(config)
     began = time.monotonic()
     up(settings, config, fresh=True)
@@ -64,7 +68,10 @@ def main() -> None:
           "reward_gain": report["reward_gain"], "promoted_versions": report["promoted_versions"],
           "freshness_s": report["freshness_s"], "ability_base": report["ability"]["base"],
           "ability_final": report["ability"]["final"], "duration_s": report["meta"]["duration_s"],
-          "up_s": round(up_s, 1)})
+          "up_s": round(up_s, 1), "stopped_by": report["stopped_by"],
+          "final_answers": report["final_answers"], "rollbacks": report["rollbacks"],
+          "restarts": report["restarts"]},
+         (report["machine"] or {}).get("precision"))
 
 
 if __name__ == "__main__":
