@@ -21,7 +21,7 @@ import logging
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -71,13 +71,14 @@ class PrecisionChoice:
     precision: Precision
     reason: str
     probe: MatmulProbe | None = None
+    machine: str = ""  # the machine line of where it was decided (a Ray worker's node may not be ours)
 
     def describe(self) -> str:
         return f"{self.requested} -> {self.precision} ({self.reason})"
 
     def as_dict(self) -> dict[str, object]:
         return {"requested": self.requested, "precision": self.precision, "reason": self.reason,
-                "probe": asdict(self.probe) if self.probe else None}
+                "probe": asdict(self.probe) if self.probe else None, "machine": self.machine}
 
 
 def choose_precision(requested: str, probe: MatmulProbe | None, native_bf16: bool | None = None,
@@ -245,10 +246,13 @@ def resolve_precision(requested: str, device: str = "cpu", hidden: int = 576, th
     import torch
 
     if requested == "fp32":
-        return choose_precision("fp32", None)
+        return replace(choose_precision("fp32", None), machine=machine_line("fp32"))
     if device.startswith("cuda"):
         major, _ = torch.cuda.get_device_capability(torch.device(device))
         choice = choose_precision(requested, None, native_bf16=major >= 8)
+        if requested == "bf16" and major < 8:
+            log.warning("%s=bf16 on a GPU without native bfloat16 (compute capability %d): set %s=auto or "
+                        "fp32", what, major, what, extra={"event": "precision_warning", **choice.as_dict()})
     else:
         threads = threads or torch.get_num_threads()
         cache = cache_dir / "hardware" / "precision.json" if cache_dir is not None else None
@@ -262,6 +266,7 @@ def resolve_precision(requested: str, device: str = "cpu", hidden: int = 576, th
             log.warning("%s=bf16 on a CPU where bfloat16 measures slower than float32 (%s): set %s=auto "
                         "or fp32", what, choice.reason.removeprefix("as configured; measured "), what,
                         extra={"event": "precision_warning", **choice.as_dict()})
+    choice = replace(choice, machine=machine_line(choice.precision))
     if log_choice:
         log.info("%s: %s", what, choice.describe(), extra={"event": "precision", "setting": what,
                                                           "precision": choice.precision})

@@ -26,14 +26,17 @@ ORL_TRAINER__COLD_START=$(.venv/bin/python -m online_rl.demo.anchors)
 export ORL_TRAINER__COLD_START
 $cli version | tail -4
 # one training step of the demo's shape, timed: the trainer's batch and publish cadence follow it
-eval "$(.venv/bin/python -m online_rl.demo.tune)"
+tuned=$(.venv/bin/python -m online_rl.demo.tune)
+eval "$tuned"
 echo "== 2/3 the loop: every component as a local process"
 $cli down >/dev/null 2>&1 || true   # a previous demo's run, if one is still up
 $cli up --fresh
 echo "== 3/3 simulated users until a version is promoted through the canary, then the report"
-$cli demo --out "$out" --budget "${ORL_DEMO_BUDGET:-1200}"
+rc=0
+$cli demo --out "$out" --budget "${ORL_DEMO_BUDGET:-1200}" || rc=$?  # 1: nothing was promoted
 if [ "${ORL_DEMO_DOWN:-0}" = 1 ]; then
   $cli down
 else
   echo "The loop is still running: MLflow UI and rollout page above; stop it with: $cli down"
 fi
+exit $rc

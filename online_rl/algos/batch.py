@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -27,6 +27,7 @@ from online_rl.algos.logprobs import (
     reference_policy,
 )
 from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_loss
+from online_rl.hardware import Precision
 
 __all__ = [
     "Precision",
@@ -39,7 +40,6 @@ __all__ = [
     "reward_batch_loss",
 ]
 
-Precision = Literal["fp32", "bf16"]
 TokenIds = Sequence[int]
 
 

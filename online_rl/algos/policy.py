@@ -46,6 +46,9 @@ def lora_policy(model: Any, spec: LoraSpec, precision: Precision = "fp32") -> An
     """Wrap `model` with a fresh trainable LoRA adapter (PEFT) and freeze everything else."""
     from peft import LoraConfig, get_peft_model
 
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision {precision!r} is not one of fp32, bf16 (resolve `auto` first: "
+                         "online_rl.hardware.resolve_precision)")
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
                         target_modules=list(spec.targets), task_type="CAUSAL_LM")
     policy = get_peft_model(model, config)

@@ -230,6 +230,16 @@ class Consumer(abc.ABC):
     @abc.abstractmethod
     def assignment(self) -> list[TopicPartition]: ...
 
+    def commit_owned(self, offsets: Mapping[TopicPartition, int]) -> list[TopicPartition]:
+        """Commit the offsets of the partitions this consumer still owns; return the others, which a
+        rebalance gave to another member (their new owner re-reads them from the last commit). Raises
+        `CommitFailed` when the group refuses even those (this member was evicted)."""
+        owned = set(self.assignment())
+        mine = {tp: offset for tp, offset in offsets.items() if tp in owned}
+        if mine:
+            self.commit(mine)
+        return sorted(set(offsets) - set(mine))
+
     @abc.abstractmethod
     def hold(self) -> AbstractContextManager[None]:
         """Keep group membership alive while the caller works on a batch for a long time."""

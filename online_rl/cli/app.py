@@ -108,14 +108,16 @@ def version_cmd(
 
 def _precisions(settings: Settings) -> dict[str, PrecisionChoice]:
     """What each `precision` setting resolves to on this machine's CPU (a GPU decides for itself when
-    the component runs on one), with the threads each local component gets."""
+    the component runs on one), with the threads `online-rl up` gives each component here."""
     from online_rl.hardware import model_hidden_size, resolve_precision
+    from online_rl.launch.components import threads
 
     hidden = model_hidden_size(settings.model_dir)
-    threads = settings.trainer.cpus_per_worker
+    inference, trainer = threads(settings)
+    hybrid = settings.hybrid.cpus_per_worker or settings.ray.num_cpus // settings.hybrid.world
+    cpus = {"trainer": max(1, int(trainer)), "inference": inference, "hybrid": max(1, int(hybrid))}
     return {f"{section}.precision": resolve_precision(
-                getattr(settings, section).precision, "cpu", hidden,
-                max(1, int(threads)) if section == "trainer" and threads else None, settings.cache_dir,
+                getattr(settings, section).precision, "cpu", hidden, cpus[section], settings.cache_dir,
                 f"{section}.precision", log_choice=False)
             for section in ("trainer", "inference", "hybrid")}
 

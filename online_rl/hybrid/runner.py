@@ -135,9 +135,11 @@ def _commit(stream: Stream[TrainingSample], state: HybridRun) -> None:
     if stream.consumer is None:
         return
     try:
-        stream.consumer.commit(dict(state.published_offsets))
+        refused: object = stream.consumer.commit_owned(state.published_offsets)
     except CommitFailed as exc:
-        log.warning("hybrid: the group refused the commit (%s); carrying on", exc,
+        refused = exc
+    if refused:
+        log.warning("hybrid: the group refused the commit (%s); carrying on", refused,
                     extra={"event": "commit_refused", "step": state.steps})
 
 

@@ -80,7 +80,7 @@ def read_keys(run_dir: Path) -> RunKeys:
 
 
 def _write_json(path: Path, data: object, mode: int = 0o644) -> None:
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # the watchdog and `down` may write at once
     tmp.unlink(missing_ok=True)  # a leftover file would keep its own (maybe looser) mode
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "w") as handle:
@@ -298,8 +298,11 @@ def up(settings: Settings, config_file: Path | None = None, fresh: bool = False,
             echo(f"  {component.name} ready in {time.monotonic() - began:.1f}s"
                  + (f" at {component.url}" if component.url else ""))
         if settings.launch.restart:
-            state["watchdog"] = _start_watchdog(run, config.resolve() if config else None)
-            _write_json(run / _STATE, state)
+            watchdog = _start_watchdog(run, config.resolve() if config else None)
+            with state_lock(run):  # from here on the watchdog writes the state too
+                current = read_state(run) or state
+                current["watchdog"] = state["watchdog"] = watchdog
+                _write_json(run / _STATE, current)
             launch = settings.launch
             echo(f"watchdog started: a component that exits is restarted (up to {launch.max_restarts} times "
                  f"in {launch.restart_window_s:.0f}s; log: logs/watchdog.log)")

@@ -33,6 +33,7 @@ from online_rl.launch.supervisor import (
     _kafka,
     _launch,
     _started_at,
+    _stop,
     _tail,
     _write_json,
     read_keys,
@@ -96,6 +97,9 @@ class Watchdog:
         """One pass: notice exits, restart what is due, give up on what crashes too often."""
         state = read_state(self.run) or {"components": {}}
         for name, entry in state["components"].items():
+            child = self.children.get(name)
+            if child is not None and child.pid == entry.get("pid"):
+                child.poll()  # our own child: collect its exit code before `_alive` reaps it
             if entry.get("gave_up") or not self._watched(entry) or _alive(entry):
                 continue
             now = self.clock()
@@ -111,7 +115,7 @@ class Watchdog:
 
     def _exited(self, name: str, entry: dict[str, Any], now: float) -> None:
         child = self.children.get(name)
-        code = child.poll() if child is not None else None
+        code = child.returncode if child is not None and child.pid == entry.get("pid") else None
         tail = _tail(Path(entry["log"]), _TAIL_LINES) if entry.get("log") else "(no log)"
         exit_info = {"at": now, "code": code, "tail": tail}
         due = self.policy.restart_at(entry.get("restart_times", []), now)
@@ -129,22 +133,30 @@ class Watchdog:
 
     def _restart(self, name: str, entry: dict[str, Any]) -> None:
         del self.due[name]
-        if entry.get("broker"):
-            _kafka(self.run, self.settings, "start")
-            pid = _broker_pid(self.run)
-        else:
-            component = self.components.get(name)
-            if component is None:  # not in the plan any more (another config): nothing to run
-                self._update(name, gave_up={"at": self.clock(), "reason": f"{name} is not in the plan",
-                                            "tail": ""})
-                return
-            process = _launch(component, self.wiring)
-            self.children[name] = process
-            pid = process.pid
+        component = self.components.get(name)
+        if component is None and not entry.get("broker"):  # not in the plan any more (another config)
+            self._update(name, gave_up={"at": self.clock(), "reason": f"{name} is not in the plan",
+                                        "tail": ""})
+            return
+        # the attempt counts whether or not it starts, so a restart that keeps failing ends in giving up
         times = [*entry.get("restart_times", []), self.clock()]
+        self._update(name, restarts=len(times), restart_times=times)
+        try:
+            if entry.get("broker"):
+                _kafka(self.run, self.settings, "start")
+                pid = _broker_pid(self.run)
+            else:
+                assert component is not None
+                _stop(entry, 5.0)  # what the dead leader left in its process group (it may hold the port)
+                process = _launch(component, self.wiring)
+                self.children[name] = process
+                pid = process.pid
+        except Exception as exc:
+            log.error("restarting %s failed: %s", name, exc)
+            self._update(name, last_exit={"at": self.clock(), "code": None, "tail": f"restart failed: {exc}"})
+            return  # still down: the next pass treats it as a new exit (backoff, or giving up)
         log.info("restarted %s (pid %s; restart %d)", name, pid, len(times))
-        self._update(name, pid=pid, started=_started_at(pid) if pid else None, restarts=len(times),
-                     restart_times=times)
+        self._update(name, pid=pid, started=_started_at(pid) if pid else None)
 
     def _update(self, name: str, **fields: Any) -> None:
         with state_lock(self.run):

@@ -181,9 +181,10 @@ def decide(plan: RolloutPlan, step: int, step_started: float, now: float, eviden
         if step == len(plan.steps) - 1:
             return Decision("promote", reason, step, 1.0, comparison, "passed")
         return Decision("advance", reason, step + 1, plan.steps[step + 1], comparison, "passed")
-    # the evidence one more look could add: at full weight only the challenger's arm still grows
+    # the evidence one more look could add: at full weight only the challenger's arm still grows (the
+    # champion's may never reach min_samples there, e.g. a weight set to 1 by hand at the first step)
     gathered = n_ch if weight >= 1.0 else min(n_ch, n_cp)
-    limit = _limit(plan, gathered, now - step_started) if enough else None
+    limit = _limit(plan, gathered, now - step_started) if gathered >= plan.min_samples else None
     if limit is not None:
         reason = f"no verdict after {limit}: {interval}, not confidently no worse than -{plan.margin}"
         if plan.on_timeout == "advance" and step < len(plan.steps) - 1:

@@ -52,10 +52,13 @@ def build_engine(model_dir: Path, config: InferenceConfig, engine: str | None = 
     if name == "vllm":
         from online_rl.serving.vllm_engine import VllmEngine
 
+        # a GPU without native bf16 (T4, V100): vLLM's own choice there is float16, faster than float32
+        dtype = None if device == "cuda" and config.precision == "auto" and precision == "fp32" else \
+            _DTYPES[precision]
         return VllmEngine(model_dir, max_model_len=config.max_model_len, max_loras=config.max_loras,
                           max_lora_rank=config.max_lora_rank, max_batch=config.max_batch,
                           kv_cache_bytes=int(config.kv_cache_gib * (1 << 30)), extra_args=config.vllm_args,
-                          dtype=_DTYPES[precision])
+                          dtype=dtype)
     from online_rl.serving.hf_engine import TransformersEngine
 
     return TransformersEngine(model_dir, max_batch=config.max_batch, max_model_len=config.max_model_len,

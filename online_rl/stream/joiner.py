@@ -65,6 +65,7 @@ class Joiner:
         self._consumer.subscribe([topics.interactions, topics.feedback])
         self._input_partitions = sum(bus.partitions(t) for t in (topics.interactions, topics.feedback))
         self.retries = 0  # steps the group or broker refused and `run` retried
+        self._needs_recover = False
 
     def _restore(self) -> None:
         latest: dict[str, bytes | None] = {}
@@ -76,6 +77,8 @@ class Joiner:
 
     def step(self, max_records: int = 1000, timeout: float = 0.5) -> StepResult:
         """Read one batch, join it, and commit outputs and offsets atomically."""
+        if self._needs_recover:  # an earlier step's recovery did not finish (the broker was away)
+            self._recover()
         records = self._consumer.poll(max_records, timeout)
         self._producer.begin_transaction()
         try:
@@ -105,6 +108,7 @@ class Joiner:
                 self._producer.abort_transaction()
             except Exception:  # the commit may already have aborted it
                 logger.debug("abort after a failed step", exc_info=True)
+            self._needs_recover = True  # until `_recover` succeeds: no step may run on a half-rebuilt state
             self._recover()
             raise
         return StepResult(len(records), len(samples))
@@ -162,12 +166,13 @@ class Joiner:
         assigned = self._consumer.assignment()
         for tp, offset in self._consumer.committed(assigned).items():
             self._consumer.seek(tp, offset or 0)
+        self._needs_recover = False
 
     def run(self, stop: Callable[[], bool], retry_s: float = 1.0) -> None:
         """Step until `stop()` is true. A step whose transaction the group or the broker refused (a
-        rebalance moved its partitions, the broker was away) was aborted and rewound by `step`; the
-        joiner carries on from the committed offsets. A fenced producer (a newer joiner with the same
-        transactional id) ends the run."""
+        rebalance moved its partitions, the broker was away) was aborted and rewound by `step` — or, if
+        the broker was away for that too, is rewound before the next step; the joiner carries on from the
+        committed offsets. A fenced producer (a newer joiner with the same transactional id) ends the run."""
         while not stop():
             try:
                 self.step()

@@ -14,7 +14,6 @@ it as a new version and points the `challenger` alias at it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -163,7 +162,8 @@ class Trainer:
         flat = {k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in self.resolved.items()}
         choice = self._group.precision  # what `precision` resolved to on the workers' device, and why
         flat |= {"base_model": self.settings.model.name, "precision_resolved": choice.precision,
-                 "precision_reason": choice.reason, "machine": machine_line(choice.precision)}
+                 "precision_reason": choice.reason,
+                 "machine": choice.machine or machine_line(choice.precision)}
         client.log_batch(self._run_id, params=_params(flat))
         self.base_sha256 = _base_fingerprint(self.settings.model_dir)
         self.cold_start: list[TrainingSample] = []
@@ -280,20 +280,18 @@ class Trainer:
         return stream.consumer.hold() if stream.consumer is not None else nullcontext()
 
     def _commit(self, batch: Batch[TrainingSample], state: TrainerState) -> None:
-        """Commit the batch's offsets. A commit the group refuses (a rebalance moved partitions, or the
-        group evicted this member) loses nothing: the checkpoint holds the offsets, the consumer re-joins
-        on its next poll and every partition it gets back starts from them. So the trainer carries on."""
-        try:
-            batch.commit()
+        """Commit the batch's offsets where this trainer still owns the partition. A commit the group
+        refuses (a rebalance moved partitions, or the group evicted this member) loses nothing: the
+        checkpoint holds the offsets, the consumer re-joins on its next poll and every partition it gets
+        back starts from them. So the trainer carries on."""
+        if batch.consumer is None or not batch.offsets:
             return
+        try:
+            refused: object = batch.consumer.commit_owned(batch.offsets)
         except CommitFailed as exc:
             refused = exc
-        consumer = batch.consumer
-        owned = set(consumer.assignment()) if consumer is not None else set()
-        kept = {tp: offset for tp, offset in batch.offsets.items() if tp in owned}
-        if consumer is not None and kept and len(kept) < len(batch.offsets):
-            with contextlib.suppress(CommitFailed):  # the partitions it still owns, at least
-                consumer.commit(kept)
+        if not refused:
+            return
         self.metrics.commits_refused.inc()
         log.warning("step %d: the group refused the commit (%s); the checkpoint holds offsets %s, and the "
                     "trainer re-joins and resumes from them", state.step, refused,

@@ -46,8 +46,10 @@ def test_a_step_without_a_verdict_ends_at_its_evidence_limit_as_inconclusive() -
     # at 60 % the champion's arm is the smaller one: the step waits until it has its share too
     assert decide(plan, 1, 0, 10, unclear(220, 149)).action == "hold"
     assert decide(plan, 1, 0, 10, unclear(225, 150)).verdict == "inconclusive"
-    # at full weight the champion serves nobody: the challenger's rewards are what can still come
+    # at full weight the champion serves nobody: the challenger's rewards are what can still come, even
+    # when the champion never gathered min_samples (a weight of 1 from the first step)
     assert decide(plan, 2, 0, 10, unclear(150, 40)).verdict == "inconclusive"
+    assert decide(plan, 2, 0, 10, unclear(150, 0)).verdict == "inconclusive"
     lenient = RolloutPlan(steps=(0.3, 1.0), min_samples=30, max_step_samples=60, on_timeout="advance")
     out = decide(lenient, 0, 0, 10, unclear(60, 180))
     assert (out.action, out.weight, out.verdict) == ("advance", 1.0, "inconclusive")
