@@ -27,7 +27,7 @@ echo "== model"
 
 echo "== pytest"
 set +e
-eval ".venv/bin/python -m pytest ${PYTEST_ARGS:-}"
+eval ".venv/bin/python -m pytest --durations=40 ${PYTEST_ARGS:-}"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then

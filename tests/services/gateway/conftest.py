@@ -141,7 +141,7 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
     with ExitStack() as stack:
 
         def make(extra_replicas: tuple[str, ...] = (), joiner: bool = True, dns: bool = False,
-                 **rollout: Any) -> Stack:
+                 replica_cooldown_s: float = 1.0, **rollout: Any) -> Stack:
             root = tmp_path / uuid.uuid4().hex[:6]
             settings, keys = stack_settings(root, steerable_model, kafka_bootstrap, ["http://unused"],
                                             **rollout)
@@ -151,7 +151,8 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
             ensure_topics(bus, settings.bus.partitions, topics)
             replicas = [stack.enter_context(serve(inference_app(settings, bus=bus))) for _ in range(2)]
             listed = [u.replace("http://127.0.0.1:", "dns+http://localhost:") if dns else u for u in replicas]
-            gateway = settings.gateway.model_copy(update={"replicas": [*extra_replicas, *listed]})
+            gateway = settings.gateway.model_copy(update={"replicas": [*extra_replicas, *listed],
+                                                          "replica_cooldown_s": replica_cooldown_s})
             settings = settings.model_copy(update={"gateway": gateway})
             if joiner:
                 _start_joiner(stack, bus, topics)

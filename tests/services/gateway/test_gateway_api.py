@@ -57,7 +57,9 @@ def test_keys_scopes_and_bad_input_get_clear_errors(make_stack: StackFactory) ->
 
 def test_streams_and_fails_over_past_a_dead_replica(make_stack: StackFactory) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # listed first: every other request tries it first
-    stack = make_stack(extra_replicas=(dead,), joiner=False)
+    # skipped for a minute after it refuses: long enough that a slow machine's requests below cannot
+    # outlast the cooldown before /readyz is asked
+    stack = make_stack(extra_replicas=(dead,), joiner=False, replica_cooldown_s=60.0)
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key=stack.key, max_retries=0)
     texts = []
     for i in range(4):
