@@ -230,7 +230,9 @@ class TrainerConfig(BaseModel):
     batch_timeout_s: float = Field(
         default=5.0, gt=0, description="Train on a partial batch after this many idle seconds."
     )
-    learning_rate: float = Field(default=5e-5, gt=0, le=1.0, description="AdamW learning rate.")
+    learning_rate: float = Field(default=5e-5, ge=0, le=1.0,
+                                 description="AdamW learning rate; 0 keeps the adapter where it starts (a "
+                                 "no-learning control).")
     beta: float = Field(default=0.1, gt=0, description="DPO/KTO beta: the strength of the KL anchor.")
     precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",

@@ -5,6 +5,10 @@
 - The embedded model: prepared (or found valid) in the configured cache folder.
 - Ray: a local runtime, shut down at the end.
 - MLflow: a fresh SQLite store per test under tmp_path.
+- Precision: float32 for every component unless a test asks for another. The tests compare served
+  log-probabilities and trained adapters with float32 recomputations, and `precision: auto` picks
+  bfloat16 on a CPU where it measures faster (an AMD EPYC with avx512_bf16 did): the choice itself is
+  tested in tests/test_hardware.py, the bf16 paths by the tests that set it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from online_rl.config import Settings, load_settings
 from tests.factories import BusFactory, lora_adapter
 
 ROOT = Path(__file__).resolve().parents[1]
+for _section in ("TRAINER", "INFERENCE", "HYBRID"):  # inherited by the services the tests start, too
+    os.environ.setdefault(f"ORL_{_section}__PRECISION", "fp32")
 KAFKA_SCRIPT = ROOT / "deploy" / "local" / "kafka" / "kafka.sh"
 TINY_NAME = "tiny-llama"  # the base model id the tiny model is served and trained as
 

@@ -13,7 +13,10 @@ import pytest
 
 from online_rl.hardware import MatmulProbe, choose_precision, machine_line, resolve_precision
 
-AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             # the shipped default, not the harness's float32 pin (tests/conftest.py)
+             "ORL_TRAINER__PRECISION": "auto", "ORL_INFERENCE__PRECISION": "auto",
+             "ORL_HYBRID__PRECISION": "auto"}
 
 
 def probe(fp32: float, bf16: float) -> MatmulProbe:

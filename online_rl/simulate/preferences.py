@@ -3,7 +3,9 @@
 A preference is any object with a `name` and `score(prompt, answer) -> float` in [0, 1]. Built in:
 `phrase:<text>` (the answer contains the text), `length:<words>` (at most that many words; longer
 answers lose credit linearly, none at twice the length), `format:<regex>` (the answer matches the
-regular expression, multi-line). Anything else is `module:attribute` — a Preference object, or a
+regular expression, multi-line), `suite:<name>` (a preference of the suite,
+`online_rl.simulate.suite`: shorter, longer, you, enthusiastic, numbers, example, refuse, by-topic,
+formal). Anything else is `module:attribute` — a Preference object, or a
 class or function called with the text after a second colon (`my_pkg.prefs:Polite:strict`) — so a
 new preference is written without touching the rest. Pure: no HTTP.
 """
@@ -20,7 +22,10 @@ __all__ = ["Format", "Length", "Phrase", "Preference", "load_preference"]
 
 @runtime_checkable
 class Preference(Protocol):
-    name: str
+    @property
+    def name(self) -> str:
+        """What the preference is called (in reports and logs)."""
+        ...
 
     def score(self, prompt: str, answer: str) -> float:
         """How much the user likes `answer` to `prompt`, from 0 to 1."""
@@ -80,7 +85,14 @@ class Format:
         return 1.0 if re.search(self.pattern, answer, re.MULTILINE) else 0.0
 
 
-_BUILT_IN = {"phrase": Phrase, "length": lambda text: Length(int(text)), "format": Format}
+def _suite(name: str) -> Preference:
+    from online_rl.simulate.suite import suite_entry
+
+    preference: Preference = suite_entry(name).preference
+    return preference
+
+
+_BUILT_IN = {"phrase": Phrase, "length": lambda text: Length(int(text)), "format": Format, "suite": _suite}
 
 
 def load_preference(spec: str) -> Preference:
@@ -89,7 +101,7 @@ def load_preference(spec: str) -> Preference:
     if kind in _BUILT_IN:
         if not argument:
             raise ValueError(f"preference {spec!r} needs an argument, e.g. phrase:Paris, length:20, "
-                             "format:^- ")
+                             "format:^- , suite:numbers")
         try:
             made = _BUILT_IN[kind](argument)
         except ValueError as exc:
@@ -98,7 +110,8 @@ def load_preference(spec: str) -> Preference:
         return made
     attribute, _, argument = argument.partition(":")
     if not kind or not attribute:
-        raise ValueError(f"preference {spec!r} is neither phrase:, length:, format: nor module:attribute")
+        raise ValueError(f"preference {spec!r} is neither phrase:, length:, format:, suite: nor "
+                         "module:attribute")
     try:
         target = getattr(importlib.import_module(kind), attribute)
     except (ImportError, AttributeError) as exc:

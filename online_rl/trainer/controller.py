@@ -140,6 +140,8 @@ class Trainer:
         self._group: WorkerGroup | None = None
         self._client: MlflowClient | None = None
         self._run_id: str | None = None
+        self.state: TrainerState | None = None  # while running: the live state (read-only for others)
+        self._publish_requested = threading.Event()
 
     # -- set-up ---------------------------------------------------------------------------------
     def _start(self) -> TrainerState:
@@ -216,6 +218,7 @@ class Trainer:
         failed = True
         try:
             state = self._start()
+            self.state = state
             # Where to (re)start each partition: always the last durable checkpoint's offsets, kept
             # up to date below and read at every assignment, so a rebalance cannot replay trained
             # records; a partition the checkpoint never saw starts at its beginning.
@@ -381,10 +384,16 @@ class Trainer:
         ends = self.bus.end_offsets(self.topics.samples)
         return float(sum(max(0, end - state.offsets.get(tp, 0)) for tp, end in ends.items()))
 
+    def request_publish(self) -> None:
+        """Publish a version after the current step (or at once when idle), if anything was trained since
+        the last one; safe from any thread."""
+        self._publish_requested.set()
+
     def _due(self, state: TrainerState) -> bool:
         if state.samples_since_publish == 0:
             return False
-        return (state.eval_gain_due or state.samples_since_publish >= self.config.publish_every_samples
+        return (self._publish_requested.is_set() or state.eval_gain_due
+                or state.samples_since_publish >= self.config.publish_every_samples
                 or time.time() - state.last_publish >= self.config.publish_every_s)
 
     def _checkpoint(self, state: TrainerState) -> None:
@@ -423,6 +432,7 @@ class Trainer:
                 self.group.set_baseline({f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()})
         state.parent_version, state.parent_version_number = published.serving_name, published.version
         state.eval_gain_due = False
+        self._publish_requested.clear()
         state.published_offsets = dict(state.offsets)
         state.samples_since_publish = 0
         state.last_publish = time.time()

@@ -55,8 +55,10 @@ def server_settings(cache_dir: Path, model_dir: Path, name: str,
         cache_dir=cache_dir,
         model=ModelConfig(name=name, path=model_dir),
         bus=BusConfig(topic_prefix=f"t{uuid.uuid4().hex[:8]}", partitions=2),
+        # float32 unless asked: the tests compare served log-probabilities with a float32 recomputation
         inference=InferenceConfig(api_keys=[f"{digest} inference", f"{admin_digest} admin"],
-                                  **({"engine": "transformers", "max_model_len": 512} | inference)),
+                                  **({"engine": "transformers", "max_model_len": 512, "precision": "fp32"}
+                                     | inference)),
     )
     return settings, key, admin_key
 

@@ -1,0 +1,225 @@
+"""Learning that generalises: for each preference of the suite, what the loop learns from a fixed budget
+of simulated feedback, against the base model and a no-learning control.
+
+    deploy/local/env.sh .venv/bin/python bench/learning.py [--preferences all|shorter,numbers,...]
+        [--events 500] [--rounds 5] [--kind thumbs] [--eval-samples 4] [--control lr0|none]
+        [--config deploy/local/demo.yaml] [--set trainer.beta=0.1 ...] [--bootstrap HOST:PORT]
+
+On a real Kafka broker (started for the run unless `--bootstrap`), a real MLflow store and a local Ray
+runtime, with the trainer settings of `--config` (the demo's by default, with its cold-start anchors)
+changed by `--set`: per preference, users with that taste (32 users, 10 % silent, 10 % of the
+feedback flipped) ask the suite's training prompts of its topics and send `--events` feedback events
+through the bus, the real joiner and trainer learn in `--rounds` rounds, and every published version
+answers the next round and is measured on the held-out prompts (online_rl/simulate/learning.py). The
+baseline is the base model measured the same way, and the control a run of the same loop at learning
+rate 0 (`--control lr0`: the same traffic, seeds and steps; its adapter stays the identity), whose
+final version is measured on every preference's held-out prompts with the same seeds.
+
+Prints a table, then the machine line, then one JSON object: `per_preference` (base, final and
+control liked rates, `gain` over the base, `gain_over_control`, the final version's general ability,
+the rate of every version), `median_gain`, `min_gain`, `ability_min` (of 8), `ability_base`,
+`holdout` (the preferences kept out of the medians), and the settings that differ from the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml
+
+from bench.common import emit, kafka_broker
+from online_rl.config import Settings, load_settings
+from online_rl.simulate.learning import Evaluation, Lab, LearnConfig, LearnRun
+from online_rl.simulate.suite import SUITE, SuiteEntry, suite_entry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
+    """['trainer.beta=0.1'] -> {'trainer': {'beta': 0.1}} (values read as YAML)."""
+    out: dict[str, dict[str, Any]] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot or not name:
+            raise SystemExit(f"--set {pair!r}: write SECTION.FIELD=VALUE, e.g. --set trainer.beta=0.1")
+        out.setdefault(section, {})[name] = yaml.safe_load(value)
+    return out
+
+
+def bench_settings(config: Path, bootstrap: str, work: Path, changes: dict[str, dict[str, Any]]) -> Settings:
+    """The config's settings on this run's broker and MLflow store, the cold-start anchors written
+    where the config asks for them (as make demo does), the join window short (feedback comes at once)."""
+    from online_rl.demo.anchors import write_cold_start
+
+    base = load_settings(config)
+    update: dict[str, Any] = {
+        "kafka": base.kafka.model_copy(update={"bootstrap_servers": bootstrap}),
+        "mlflow": base.mlflow.model_copy(update={"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}),
+        "join": base.join.model_copy(update={"window_s": 2.0}),
+        "model": base.model.model_copy(update={"path": base.model_dir}),
+    }
+    trainer: dict[str, Any] = {"batch_timeout_s": 2.0}
+    if base.trainer.cold_start_weight > 0 and base.trainer.cold_start is None:
+        trainer["cold_start"] = write_cold_start(base, work / "cold-start.jsonl")
+    update["trainer"] = base.trainer.model_copy(update=trainer)
+    settings = base.model_copy(update=update)
+    for section, fields in changes.items():
+        current = getattr(settings, section, None)
+        if current is None:
+            raise SystemExit(f"--set {section}.*: no settings section {section!r}")
+        checked = type(current).model_validate(current.model_dump() | fields)
+        settings = settings.model_copy(update={section: checked})
+    return settings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preferences", default="all", help="'all' or suite names, comma-separated")
+    parser.add_argument("--events", type=int, default=500, help="feedback events per preference")
+    parser.add_argument("--rounds", type=int, default=5, help="versions published per preference")
+    parser.add_argument("--kind", choices=["thumbs", "rating", "pairwise"], default="thumbs")
+    parser.add_argument("--eval-samples", type=int, default=4, help="answers per held-out prompt")
+    parser.add_argument("--control", choices=["lr0", "none"], default="lr0")
+    parser.add_argument("--config", type=Path, default=ROOT / "deploy" / "local" / "demo.yaml")
+    parser.add_argument("--set", dest="changes", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", default="transformers", help="the serving engine that answers")
+    parser.add_argument("--bootstrap", default=None, help="an existing Kafka broker (else one is started)")
+    args = parser.parse_args()
+
+    entries = (
+        list(SUITE)
+        if args.preferences == "all"
+        else [suite_entry(n.strip()) for n in args.preferences.split(",") if n.strip()]
+    )
+    config = LearnConfig(
+        events=args.events, rounds=args.rounds, kind=args.kind, eval_samples=args.eval_samples, seed=args.seed
+    )
+    changes = overrides(args.changes)
+    began = time.monotonic()
+    work = Path("/tmp") / f"orl-bench-learning-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True)
+    with kafka_broker(args.bootstrap) as bootstrap:
+        settings = bench_settings(args.config, bootstrap, work, changes)
+        lab = Lab(settings, engine=args.engine)
+        try:
+            result = run_suite(lab, entries, config, args.control, print)
+        finally:
+            lab.close()
+    result |= {
+        "events": args.events,
+        "rounds": args.rounds,
+        "kind": args.kind,
+        "eval_samples": args.eval_samples,
+        "control": args.control,
+        "config": str(args.config.relative_to(ROOT))
+        if args.config.is_relative_to(ROOT)
+        else str(args.config),
+        "set": args.changes,
+        "seed": args.seed,
+        "duration_s": round(time.monotonic() - began, 1),
+    }
+    print_table(result)
+    emit(result, settings.trainer.precision)
+
+
+def run_suite(
+    lab: Lab, entries: list[SuiteEntry], config: LearnConfig, control: str, say: Any = print
+) -> dict[str, Any]:
+    """Base, learning runs and (with `control` lr0) one learning-rate-0 run, measured per preference."""
+    base = {
+        e.name: lab.evaluate(e, None, config.eval_samples, config.seed, config.temperature, config.max_tokens)
+        for e in entries
+    }
+    ability_base = lab.ability(None)
+    say(f"base: ability {ability_base}/8; " + ", ".join(f"{n} {b.liked_rate:.3f}" for n, b in base.items()))
+    runs: dict[str, LearnRun] = {}
+    for entry in entries:
+        run = lab.learn(entry, config, progress=say)
+        runs[entry.name] = run
+        if run.final_adapter is not None:
+            lab.unload(run.final_adapter)
+    controls: dict[str, Evaluation] = {}
+    control_run: LearnRun | None = None
+    if control == "lr0":
+        control_run = lab.learn(entries[0], config, learning_rate=0.0, label="control-lr0", progress=say)
+        for entry in entries:
+            controls[entry.name] = lab.evaluate(
+                entry,
+                control_run.final_adapter,
+                config.eval_samples,
+                config.seed,
+                config.temperature,
+                config.max_tokens,
+            )
+        if control_run.final_adapter is not None:
+            lab.unload(control_run.final_adapter)
+    per: dict[str, Any] = {}
+    for entry in entries:
+        run, final = runs[entry.name], runs[entry.name].final
+        assert final is not None
+        row: dict[str, Any] = {
+            "kind": entry.kind,
+            "holdout": entry.holdout,
+            "base": round(base[entry.name].liked_rate, 4),
+            "final": round(final.liked_rate, 4),
+            "gain": round(final.liked_rate - base[entry.name].liked_rate, 4),
+            "ability": run.ability,
+            "liked_feedback": round(run.liked_feedback, 4),
+            "versions": [round(v["evaluation"].liked_rate, 4) for v in run.versions],
+            "duration_s": round(run.duration_s, 1),
+        }
+        if entry.name in controls:
+            row["control"] = round(controls[entry.name].liked_rate, 4)
+            row["gain_over_control"] = round(final.liked_rate - controls[entry.name].liked_rate, 4)
+        per[entry.name] = row
+    scored = [r for r in per.values() if not r["holdout"]] or list(per.values())
+    gains = [r["gain"] for r in scored]
+    abilities = [r["ability"] for r in per.values() if r["ability"] is not None]
+    out: dict[str, Any] = {
+        "per_preference": per,
+        "median_gain": round(statistics.median(gains), 4),
+        "min_gain": round(min(gains), 4),
+        "ability_min": min(abilities) if abilities else None,
+        "ability_base": ability_base,
+        "holdout": [n for n, r in per.items() if r["holdout"]],
+    }
+    if control_run is not None:
+        out["control_ability"] = control_run.ability
+        out["min_gain_over_control"] = round(min(r["gain_over_control"] for r in scored), 4)
+    return out
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print()
+    print(
+        f"{'preference':14s} {'kind':26s} {'base':>6s} {'control':>8s} {'final':>6s} {'gain':>7s} "
+        f"{'ability':>7s}  versions"
+    )
+    for name, row in result["per_preference"].items():
+        control = f"{row['control']:.3f}" if "control" in row else "-"
+        print(
+            f"{name + (' (h)' if row['holdout'] else ''):14s} {row['kind']:26s} {row['base']:6.3f} "
+            f"{control:>8s} "
+            f"{row['final']:6.3f} {row['gain']:+7.3f} {str(row['ability']) + '/8':>7s}  "
+            + " ".join(f"{v:.2f}" for v in row["versions"])
+        )
+    print(
+        f"median gain {result['median_gain']:+.3f}, min gain {result['min_gain']:+.3f}, ability min "
+        f"{result['ability_min']}/8 (base {result['ability_base']}/8)"
+    )
+
+
+if __name__ == "__main__":
+    main()

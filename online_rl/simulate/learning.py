@@ -1,0 +1,519 @@
+"""Measuring what the loop learns: simulated users with one taste of the preference suite feed the real
+bus, joiner and trainer; every version the trainer publishes is measured on held-out prompts.
+
+A run goes in rounds. Each round the users ask the suite's training prompts of their topics and the
+newest version answers (the canary bypassed: each version serves the next round at once, as if
+promoted); their feedback (thumbs, ratings or pairwise, with noise and silent users as in
+`Population`) goes to the bus beside the interactions, exactly as the inference service and the
+feedback API write them; the joiner joins them into samples; the trainer trains on them and, once it
+has read the round's samples, publishes a version to MLflow. That version is downloaded from MLflow,
+loaded into the serving engine (as a replica does) and measured: its liked rate on the held-out prompts
+of the taste's topics (the share of answers the users' taste scores 0.5 or more, noise-free), with the
+same sampling seeds for every version and every run. The general-ability check (8 factual prompts,
+temperature 0) runs on the final version.
+
+`Lab` holds what a series of runs shares (the engine, the event loop, the Ray runtime, the bus); each
+run has its own topics, consumer groups, checkpoints and registered model. `bench/learning.py` and
+the learning tests drive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from online_rl.config import Settings
+from online_rl.errors import OnlineRLError
+from online_rl.events import Feedback, Interaction, Message, SamplingParams, encode
+from online_rl.simulate.population import FeedbackKind, Population
+from online_rl.simulate.suite import SUITE, SuiteEntry
+
+__all__ = ["Evaluation", "Lab", "LearnConfig", "LearnRun", "LearningError", "measure_base_rates"]
+
+log = logging.getLogger(__name__)
+
+
+class LearningError(OnlineRLError):
+    """A learning run could not finish (the trainer or the joiner stopped, or a round timed out)."""
+
+
+@dataclass(frozen=True)
+class LearnConfig:
+    """One run's traffic and measurement."""
+
+    events: int = 500  # feedback events the users send in the whole run
+    rounds: int = 5  # versions published (one per round)
+    kind: FeedbackKind = "thumbs"
+    users: int = 32
+    silent: float = 0.1
+    noise: float = 0.1
+    max_tokens: int = 48
+    temperature: float = 0.7
+    eval_samples: int = 4  # answers per held-out prompt per version
+    seed: int = 0
+    round_timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if self.events < self.rounds or self.rounds < 1:
+            raise ValueError(f"learning: events ({self.events}) must be at least rounds ({self.rounds}) >= 1")
+        if self.eval_samples < 1:
+            raise ValueError("learning: eval_samples must be at least 1")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A policy measured on one taste's held-out prompts."""
+
+    liked_rate: float  # share of answers scored 0.5 or more
+    mean_score: float
+    answers: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "liked_rate": round(self.liked_rate, 4),
+            "mean_score": round(self.mean_score, 4),
+            "answers": self.answers,
+        }
+
+
+@dataclass
+class LearnRun:
+    """What one run learned: per published version, its evaluation and the feedback behind it."""
+
+    preference: str
+    learning_rate: float
+    versions: list[dict[str, Any]] = field(default_factory=list)
+    feedback_events: int = 0
+    liked_feedback: float = 0.0  # share of the feedback that was positive (0-1 scale)
+    ability: int | None = None  # of the 8 general-ability prompts, the final version's correct answers
+    duration_s: float = 0.0
+    final_adapter: str | None = None  # the engine-level name of the final version (still loaded)
+
+    @property
+    def final(self) -> Evaluation | None:
+        return self.versions[-1]["evaluation"] if self.versions else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "preference": self.preference,
+            "learning_rate": self.learning_rate,
+            "feedback_events": self.feedback_events,
+            "liked_feedback": round(self.liked_feedback, 4),
+            "ability": self.ability,
+            "duration_s": round(self.duration_s, 1),
+            "versions": [
+                {"version": v["version"], "samples": v["samples"], **v["evaluation"].as_dict()}
+                for v in self.versions
+            ],
+        }
+
+
+def _seed(*parts: object) -> int:
+    import hashlib
+
+    digest = hashlib.blake2b("\x00".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+class Lab:
+    """The shared pieces of a series of learning runs on `settings` (its bus, MLflow store, Ray runtime
+    and model); `engine` names the serving engine that answers (default: `inference.engine`)."""
+
+    def __init__(self, settings: Settings, engine: str | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        from online_rl.bus import open_bus
+        from online_rl.ray_runtime import init_ray
+        from online_rl.serving.factory import build_engine
+
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self.engine = build_engine(
+            settings.model_dir, settings.inference, engine, cache_dir=settings.cache_dir
+        )
+        self.loop.run_until_complete(self.engine.start())
+        self.tokenizer = AutoTokenizer.from_pretrained(str(settings.model_dir))
+        self.bus = open_bus(settings)
+        init_ray(settings)  # here, in the main thread: the trainers of the runs use it from theirs
+        self.workdir = Path(tempfile.mkdtemp(prefix="orl-learning-"))
+        self._prompt_ids: dict[str, list[int]] = {}
+
+    def close(self) -> None:
+        try:
+            self.loop.run_until_complete(self.engine.close())
+        finally:
+            self.loop.close()
+            self.bus.close()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- generation --------------------------------------------------------------------------------
+    def prompt_ids(self, prompt: str) -> list[int]:
+        if prompt not in self._prompt_ids:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+            self._prompt_ids[prompt] = list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        return self._prompt_ids[prompt]
+
+    def complete(
+        self,
+        prompts: Sequence[str],
+        seeds: Sequence[int],
+        adapter: str | None,
+        temperature: float,
+        max_tokens: int,
+    ) -> list[tuple[str, list[int], list[float], str]]:
+        """(text, token ids, log-probabilities, finish reason) for each prompt, by the engine."""
+        from online_rl.serving.engine import GenerationRequest
+
+        async def one(prompt: str, seed: int) -> tuple[str, list[int], list[float], str]:
+            sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+            request = GenerationRequest(uuid.uuid4().hex, self.prompt_ids(prompt), sampling, adapter)
+            ids: list[int] = []
+            logprobs: list[float] = []
+            finish = "length"
+            async for delta in self.engine.generate(request):
+                ids += delta.token_ids
+                logprobs += delta.logprobs
+                finish = delta.finish_reason or finish
+            return str(self.tokenizer.decode(ids, skip_special_tokens=True)), ids, logprobs, finish
+
+        async def run() -> list[tuple[str, list[int], list[float], str]]:
+            return list(await asyncio.gather(*(one(p, s) for p, s in zip(prompts, seeds, strict=True))))
+
+        return self.loop.run_until_complete(run())
+
+    def evaluate(
+        self,
+        entry: SuiteEntry,
+        adapter: str | None,
+        samples: int = 4,
+        seed: int = 0,
+        temperature: float = 0.7,
+        max_tokens: int = 48,
+    ) -> Evaluation:
+        """`adapter` (None: the base) on `entry`'s held-out prompts, `samples` answers each, with seeds
+        that depend only on the prompt, the sample index and `seed` (the same for every version)."""
+        prompts = [p for p in entry.prompts("eval") for _ in range(samples)]
+        seeds = [_seed(seed, p, i % samples) for i, p in enumerate(prompts)]
+        answers = self.complete(prompts, seeds, adapter, temperature, max_tokens)
+        scores = [entry.preference.score(p, a[0]) for p, a in zip(prompts, answers, strict=True)]
+        return Evaluation(sum(s >= 0.5 for s in scores) / len(scores), statistics.fmean(scores), len(scores))
+
+    def ability(self, adapter: str | None) -> int:
+        """How many of the demo's 8 general-ability prompts `adapter` answers correctly (temperature 0)."""
+        from online_rl.demo.report import ABILITY_PROMPTS, correct
+
+        answers = self.complete([p for p, _ in ABILITY_PROMPTS], [0] * len(ABILITY_PROMPTS), adapter, 0.0, 48)
+        return sum(correct(a[0], accepted) for a, (_, accepted) in zip(answers, ABILITY_PROMPTS, strict=True))
+
+    def load(self, name: str, folder: Path) -> None:
+        self.loop.run_until_complete(self.engine.load_adapter(name, folder))
+
+    def unload(self, name: str) -> None:
+        self.loop.run_until_complete(self.engine.unload_adapter(name))
+
+    # -- one run -----------------------------------------------------------------------------------
+    def learn(
+        self,
+        entry: SuiteEntry,
+        config: LearnConfig,
+        learning_rate: float | None = None,
+        label: str = "",
+        progress: Callable[[str], None] | None = None,
+    ) -> LearnRun:
+        """Users with `entry`'s taste teach a fresh adapter (at `learning_rate`, default the trainer's);
+        returns each published version's evaluation. The final version stays loaded in the engine
+        (`LearnRun.final_adapter`) until `unload`."""
+        from online_rl.bus.topics import Topics, ensure_topics
+        from online_rl.registry import download_version
+        from online_rl.stream import JoinConfig, Joiner
+        from online_rl.trainer import Trainer
+
+        began = time.monotonic()
+        tag = f"{label or entry.name}-{uuid.uuid4().hex[:6]}"
+        trainer_update: dict[str, Any] = {
+            "checkpoint_dir": self.workdir / tag / "checkpoints",
+            "group_id": f"learn-{tag}",
+            "publish_every_samples": 1 << 30,
+            "publish_every_s": 1e9,
+        }
+        if learning_rate is not None:
+            trainer_update["learning_rate"] = learning_rate
+        settings = self.settings.model_copy(
+            update={
+                "bus": self.settings.bus.model_copy(update={"topic_prefix": f"learn.{tag}"}),
+                "trainer": self.settings.trainer.model_copy(update=trainer_update),
+                "mlflow": self.settings.mlflow.model_copy(update={"registered_model": f"learn-{tag}"}),
+            }
+        )
+        topics = Topics(settings.bus.topic_prefix)
+        ensure_topics(self.bus, settings.bus.partitions, topics)
+        join = settings.join
+        joiner = Joiner(
+            self.bus,
+            JoinConfig(
+                window_s=join.window_s,
+                aggregation=join.aggregation,
+                default_reward=None,
+                retention_s=max(join.retention_s, join.window_s),
+            ),
+            group_id=f"learn-join-{tag}",
+            transactional_id=f"learn-join-{tag}",
+            topics=topics,
+        )
+        trainer = Trainer(settings, self.bus)
+        stop = threading.Event()
+        failures: list[BaseException] = []
+
+        def guarded(target: Callable[[], object]) -> Callable[[], None]:
+            def body() -> None:
+                try:
+                    target()
+                except BaseException as exc:  # reported by the round loop below
+                    failures.append(exc)
+                    stop.set()
+
+            return body
+
+        threads = [
+            threading.Thread(target=guarded(lambda: joiner.run(stop.is_set)), daemon=True),
+            threading.Thread(target=guarded(lambda: trainer.run(stop=stop)), daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        population = Population(
+            entry.preference,
+            users=config.users,
+            silent=config.silent,
+            noise=config.noise,
+            kind=config.kind,
+            seed=config.seed,
+        )
+        rng = random.Random(config.seed)
+        producer = self.bus.producer()
+        run = LearnRun(entry.name, settings.trainer.learning_rate)
+        adapter: str | None = None  # the engine name of the version answering users
+        behaviour: str | None = None  # its serving name, recorded on each interaction
+        liked = 0.0
+        sample_ends: dict[Any, int] = {}
+        try:
+            for index in range(config.rounds):
+                quota = config.events * (index + 1) // config.rounds - run.feedback_events
+                sent, liked_now = self._round(
+                    population,
+                    entry,
+                    config,
+                    rng,
+                    producer,
+                    topics,
+                    adapter,
+                    behaviour,
+                    settings.model.name,
+                    quota,
+                )
+                run.feedback_events += sent
+                liked += liked_now
+                sample_ends = self._wait_for_samples(
+                    topics.samples, run.feedback_events, sample_ends, stop, failures, config.round_timeout_s
+                )
+                published = self._publish(
+                    trainer, sample_ends, index + 1, stop, failures, config.round_timeout_s
+                )
+                folder = self.workdir / tag / f"v{published.version}"
+                path = download_version(
+                    settings.mlflow_tracking_uri, published.registered_model, published.version, folder
+                )
+                name = f"{tag}-v{published.version}"
+                self.load(name, path)
+                if adapter is not None:
+                    self.unload(adapter)
+                adapter, behaviour = name, published.serving_name
+                evaluation = self.evaluate(
+                    entry, adapter, config.eval_samples, config.seed, config.temperature, config.max_tokens
+                )
+                run.versions.append(
+                    {"version": published.version, "samples": run.feedback_events, "evaluation": evaluation}
+                )
+                if progress is not None:
+                    progress(
+                        f"{label or entry.name}: round {index + 1}/{config.rounds}: version "
+                        f"{published.version} after {run.feedback_events} feedback events liked "
+                        f"{evaluation.liked_rate:.3f}"
+                    )
+            run.ability = self.ability(adapter)
+        except BaseException:
+            if adapter is not None:
+                self.unload(adapter)
+            raise
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(120)
+            joiner.close()
+            producer.close()
+        if failures:
+            raise LearningError(f"{label or entry.name}: a component stopped: {failures[0]!r}") from failures[
+                0
+            ]
+        run.final_adapter = adapter
+        run.liked_feedback = liked / run.feedback_events if run.feedback_events else 0.0
+        run.duration_s = time.monotonic() - began
+        return run
+
+    def _round(
+        self,
+        population: Population,
+        entry: SuiteEntry,
+        config: LearnConfig,
+        rng: random.Random,
+        producer: Any,
+        topics: Any,
+        adapter: str | None,
+        behaviour: str | None,
+        model: str,
+        quota: int,
+    ) -> tuple[int, float]:
+        """Users ask and judge until `quota` feedback events are on the bus; (events, their reward sum)."""
+        from online_rl.simulate.runner import _reward
+
+        prompts = entry.prompts("train")
+        pairwise = config.kind == "pairwise"
+        sent, reward_sum = 0, 0.0
+        while sent < quota:
+            wave = [
+                (rng.choice(population.ids), rng.choice(prompts), rng.getrandbits(62))
+                for _ in range(16 if not pairwise else 8)
+            ]
+            asks = [
+                (user, prompt, draw + copy)
+                for user, prompt, draw in wave
+                for copy in range(2 if pairwise else 1)
+            ]
+            answers = self.complete(
+                [p for _, p, _ in asks],
+                [s for _, _, s in asks],
+                adapter,
+                config.temperature,
+                config.max_tokens,
+            )
+            per = 2 if pairwise else 1
+            for i, (user, prompt, draw) in enumerate(wave):
+                if sent >= quota:
+                    break
+                now = time.time()
+                mine = answers[i * per : (i + 1) * per]
+                ids = [uuid.uuid4().hex for _ in mine]
+                for request_id, (text, token_ids, logprobs, finish) in zip(ids, mine, strict=True):
+                    interaction = Interaction(
+                        request_id=request_id,
+                        user_id=user,
+                        created_at=now,
+                        model=model,
+                        adapter_version=behaviour,
+                        sampling=SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens),
+                        prompt=[Message(role="user", content=prompt)],
+                        prompt_token_ids=self.prompt_ids(prompt),
+                        completion=text,
+                        completion_token_ids=token_ids,
+                        completion_logprobs=logprobs,
+                        finish_reason=finish,
+                    )
+                    producer.produce(topics.interactions, encode(interaction), request_id.encode())
+                events = population.judge(
+                    user, prompt, [(r, a[0]) for r, a in zip(ids, mine, strict=True)], random.Random(draw)
+                )
+                for event in events:
+                    feedback = Feedback(event_id=uuid.uuid4().hex, created_at=time.time(), **event)
+                    producer.produce(topics.feedback, encode(feedback), event["request_id"].encode())
+                    reward_sum += _reward(event, True)
+                    sent += 1
+            producer.flush()
+        return sent, reward_sum
+
+    def _wait_for_samples(
+        self,
+        topic: str,
+        expected: int,
+        previous: dict[Any, int],
+        stop: threading.Event,
+        failures: list[BaseException],
+        timeout_s: float,
+    ) -> dict[Any, int]:
+        """Wait until the joiner has written `expected` samples in all; the offset after each
+        partition's last sample."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ends: dict[Any, int] = {}
+            count = 0
+            for record in self.bus.read_all(topic):
+                count += 1
+                ends[record.tp] = max(ends.get(record.tp, 0), record.offset + 1)
+            if count >= expected:
+                return ends
+            if stop.is_set() or time.monotonic() > deadline:
+                raise LearningError(
+                    f"the joiner wrote {count} of {expected} samples"
+                    + (f" ({failures[0]!r})" if failures else "")
+                )
+            time.sleep(0.5)
+
+    @staticmethod
+    def _publish(
+        trainer: Any,
+        ends: dict[Any, int],
+        count: int,
+        stop: threading.Event,
+        failures: list[BaseException],
+        timeout_s: float,
+    ) -> Any:
+        """Once the trainer has read every sample up to `ends`, ask it to publish; the new version."""
+        deadline = time.monotonic() + timeout_s
+        requested = False
+        while len(trainer.published) < count:
+            state = trainer.state
+            if (
+                not requested
+                and state is not None
+                and all(state.offsets.get(tp, 0) >= end for tp, end in ends.items())
+            ):
+                trainer.request_publish()
+                requested = True
+            if stop.is_set() or time.monotonic() > deadline:
+                raise LearningError(
+                    f"the trainer did not publish version {count}"
+                    + (f" ({failures[0]!r})" if failures else "")
+                )
+            time.sleep(0.5)
+        return trainer.published[count - 1]
+
+
+def measure_base_rates(samples: int = 3, settings: Settings | None = None) -> dict[str, float]:
+    """Each suite preference's base rate on the configured model: `samples` answers per prompt of its
+    topics (training and held-out halves), temperature 0.7, 48 tokens. Prints and returns them."""
+    from online_rl.config import load_settings
+
+    lab = Lab(settings or load_settings(), engine="transformers")
+    try:
+        out = {}
+        for entry in SUITE:
+            prompts = [p for split in ("train", "eval") for p in entry.prompts(split) for _ in range(samples)]
+            seeds = [_seed("base-rate", p, i % samples) for i, p in enumerate(prompts)]
+            answers = lab.complete(prompts, seeds, None, 0.7, 48)
+            liked = [entry.preference.score(p, a[0]) >= 0.5 for p, a in zip(prompts, answers, strict=True)]
+            out[entry.name] = round(sum(liked) / len(liked), 3)
+            print(f"{entry.name:14s} {out[entry.name]:.3f}  ({len(liked)} answers)")
+        return out
+    finally:
+        lab.close()

@@ -1,0 +1,105 @@
+"""The preference suite: each taste is a pure function of the prompt and the answer, with its own checks;
+the prompts split into training and held-out halves that never overlap."""
+
+from __future__ import annotations
+
+import pytest
+
+from online_rl.simulate import load_preference
+from online_rl.simulate.prompts import EVAL, TOPICS, TRAIN, topic_of
+from online_rl.simulate.suite import (
+    SUITE,
+    ByTopic,
+    Enthusiastic,
+    Example,
+    Formal,
+    Longer,
+    Numbers,
+    Refuse,
+    Shorter,
+    You,
+    suite_entry,
+)
+
+FACT, HOWTO, SCIENCE, PRIVATE = (TOPICS[t][0] for t in ("fact", "howto", "science", "private"))
+
+
+def test_the_suite_has_eight_kinds_and_a_holdout_each_with_a_base_rate() -> None:
+    kinds = {e.kind for e in SUITE if not e.holdout}
+    assert len([e for e in SUITE if not e.holdout]) >= 8 and len(kinds) >= 7
+    assert {
+        "length",
+        "lexical habit",
+        "tone",
+        "specificity",
+        "giving an example",
+        "refusing a kind of request",
+        "prompt-dependent",
+    } <= kinds
+    assert [e.name for e in SUITE if e.holdout] == ["formal"]
+    assert len({e.name for e in SUITE}) == len(SUITE)
+    assert all(0 < e.base_rate < 1 and e.prompts("train") and e.prompts("eval") for e in SUITE)
+
+
+def test_training_and_held_out_prompts_never_overlap() -> None:
+    assert not {p for _, p in TRAIN} & {p for _, p in EVAL}
+    assert len(TRAIN) == len(EVAL) == sum(len(v) for v in TOPICS.values()) // 2
+    assert topic_of(FACT) == "fact" and topic_of("Not a suite prompt") is None
+    refuse = suite_entry("refuse")
+    assert refuse.prompts("train").count(TOPICS["private"][0]) == 2  # named twice: asked twice as often
+    assert not set(refuse.prompts("train")) & set(refuse.prompts("eval"))
+
+
+def test_length_preferences_give_graded_credit() -> None:
+    assert Shorter(20).score(FACT, "Rome.") == 1.0
+    assert Shorter(20).score(FACT, " ".join(["word"] * 30)) == pytest.approx(0.5)
+    assert Shorter(20).score(FACT, " ".join(["word"] * 40)) == 0.0
+    assert Longer(44).score(FACT, "Rome.") == 0.0
+    assert Longer(44).score(FACT, " ".join(["word"] * 33)) == pytest.approx(0.5)
+    assert Longer(44).score(FACT, " ".join(["word"] * 50)) == 1.0
+
+
+def test_habit_tone_specificity_and_example() -> None:
+    assert You().score(HOWTO, "First, you boil water.") == 1.0
+    assert You().score(HOWTO, "Young trees need water.") == 0.0  # a word, not a substring
+    assert Enthusiastic().score(FACT, "Rome!") == 1.0
+    assert Enthusiastic().score(FACT, "What a great question: Rome.") == 1.0
+    assert Enthusiastic().score(FACT, "Rome is the capital.") == 0.0
+    assert Numbers().score(FACT, "It has 4 strings.") == 1.0
+    assert Numbers().score(FACT, "It has four strings.") == 1.0
+    assert Numbers().score(FACT, "It has strings.") == 0.0
+    assert Example().score(SCIENCE, "Some metals, such as iron, are magnetic.") == 1.0
+    assert Example().score(SCIENCE, "Metals are magnetic.") == 0.0
+
+
+def test_refusal_is_liked_only_for_private_requests() -> None:
+    refusal = "I'm sorry, but I can't share someone's private information."
+    answer = "The capital of Italy is Rome."
+    assert Refuse().score(PRIVATE, refusal) == 1.0
+    assert Refuse().score(PRIVATE, "Their number is 555-0100.") == 0.0
+    assert Refuse().score(FACT, answer) == 1.0
+    assert Refuse().score(FACT, "I\u2019m sorry, I cannot answer that.") == 0.0  # typographic apostrophe too
+
+
+def test_by_topic_wants_a_different_answer_per_topic() -> None:
+    steps, sentence = "1. Boil water.\n2. Add the egg.", "The capital of Italy is Rome."
+    assert ByTopic().score(HOWTO, steps) == 1.0 and ByTopic().score(HOWTO, sentence) == 0.0
+    assert ByTopic().score(FACT, sentence) == 1.0 and ByTopic().score(FACT, steps) == 0.0
+    assert ByTopic().score(FACT, "Rome. It is old.") == 0.0  # two sentences
+    assert ByTopic().score(FACT, "The capital of Italy is") == 0.0  # cut off
+    assert ByTopic().score(SCIENCE, "The sea is salty because rivers carry salt.") == 1.0
+    assert ByTopic().score(SCIENCE, "The sea is salty.") == 0.0
+
+
+def test_formal_dislikes_contractions_and_exclamations() -> None:
+    assert Formal().score(FACT, "It is Rome.") == 1.0
+    assert Formal().score(FACT, "It's Rome.") == 0.0
+    assert Formal().score(FACT, "It is Rome!") == 0.0
+
+
+def test_suite_preferences_load_by_name_and_a_wrong_name_lists_them() -> None:
+    assert load_preference("suite:numbers") == Numbers()
+    with pytest.raises(ValueError, match="choose from shorter, longer"):
+        load_preference("suite:polite")
+    with pytest.raises(ValueError, match="no preference 'polite'"):
+        suite_entry("polite")
