@@ -134,7 +134,6 @@ class Lab:
         from transformers import AutoTokenizer
 
         from online_rl.bus import open_bus
-        from online_rl.ray_runtime import init_ray
         from online_rl.serving.factory import build_engine
 
         self.settings = settings
@@ -145,7 +144,6 @@ class Lab:
         self.loop.run_until_complete(self.engine.start())
         self.tokenizer = AutoTokenizer.from_pretrained(str(settings.model_dir))
         self.bus = open_bus(settings)
-        init_ray(settings)  # here, in the main thread: the trainers of the runs use it from theirs
         self.workdir = Path(tempfile.mkdtemp(prefix="orl-learning-"))
         self._prompt_ids: dict[str, list[int]] = {}
 
@@ -237,10 +235,12 @@ class Lab:
         returns each published version's evaluation. The final version stays loaded in the engine
         (`LearnRun.final_adapter`) until `unload`."""
         from online_rl.bus.topics import Topics, ensure_topics
+        from online_rl.ray_runtime import init_ray
         from online_rl.registry import download_version
         from online_rl.stream import JoinConfig, Joiner
         from online_rl.trainer import Trainer
 
+        init_ray(self.settings)  # here, in the caller's thread: the run's trainer uses it from its own
         began = time.monotonic()
         tag = f"{label or entry.name}-{uuid.uuid4().hex[:6]}"
         trainer_update: dict[str, Any] = {
