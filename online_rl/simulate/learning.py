@@ -386,7 +386,7 @@ class Lab:
         quota: int,
     ) -> tuple[int, float]:
         """Users ask and judge until `quota` feedback events are on the bus; (events, their reward sum)."""
-        from online_rl.simulate.runner import _reward
+        from online_rl.simulate.runner import feedback_reward
 
         prompts = entry.prompts("train")
         pairwise = config.kind == "pairwise"
@@ -437,7 +437,7 @@ class Lab:
                 for event in events:
                     feedback = Feedback(event_id=uuid.uuid4().hex, created_at=time.time(), **event)
                     producer.produce(topics.feedback, encode(feedback), event["request_id"].encode())
-                    reward_sum += _reward(event, True)
+                    reward_sum += feedback_reward(event, True)
                     sent += 1
             producer.flush()
         return sent, reward_sum

@@ -22,7 +22,7 @@ import httpx
 from online_rl.errors import OnlineRLError
 from online_rl.simulate.population import Population
 
-__all__ = ["PROMPTS", "Answer", "Served", "SimulationResult", "simulate"]
+__all__ = ["PROMPTS", "Answer", "Served", "SimulationResult", "feedback_reward", "simulate"]
 
 PROMPTS: tuple[str, ...] = (
     "What is the capital of France?", "Name a primary colour.", "What is 2 + 2?", "Say hello in Spanish.",
@@ -76,7 +76,8 @@ class SimulationResult:
                              for v, s in sorted(self.versions.items())}}
 
 
-def _reward(event: dict[str, Any], first: bool) -> float:
+def feedback_reward(event: dict[str, Any], first: bool) -> float:
+    """A feedback event on the 0-1 scale, for the answer it names first (`first`) or the other one."""
     if event["kind"] == "thumbs":
         return 1.0 if event["value"] > 0 else 0.0
     if event["kind"] == "rating":
@@ -147,7 +148,7 @@ def simulate(gateway_url: str, feedback_url: str, api_key: str, population: Popu
                 served = result.versions.setdefault(version, Served())
                 served.answers += 1
                 served.score_total += score
-                reward = _reward(events[0], index == 0) if events else None
+                reward = feedback_reward(events[0], index == 0) if events else None
                 result.answers.append(Answer(answered_at, user, request_id, version, score, reward, sent_at))
             if events:
                 result.versions[asked[0][2]].feedback += len(events)

@@ -31,21 +31,8 @@ from dataclasses import dataclass
 from online_rl.simulate.preferences import Preference
 from online_rl.simulate.prompts import TOPICS, topic_of
 
-__all__ = [
-    "SUITE",
-    "ByTopic",
-    "Enthusiastic",
-    "Example",
-    "Formal",
-    "Longer",
-    "Numbers",
-    "Refuse",
-    "Shorter",
-    "SuiteEntry",
-    "You",
-    "suite_entry",
-    "words",
-]
+__all__ = ["ENTHUSIASTIC", "EXAMPLE", "NUMBERS", "SUITE", "YOU", "ByTopic", "Formal", "Longer", "Mentions",
+           "Refuse", "Shorter", "SuiteEntry", "suite_entry", "words"]
 
 
 def words(text: str) -> int:
@@ -86,70 +73,37 @@ class Longer:
         return max(0.0, min(1.0, (words(answer) - half) / half))
 
 
-_YOU = _matches(r"\b(you|your|yours|yourself)\b")
-
-
 @dataclass(frozen=True)
-class You:
-    """A lexical habit: likes answers that speak to the reader."""
+class Mentions:
+    """Likes answers in which the regular expression `pattern` occurs (case-insensitive, multi-line):
+    the suite's lexical habit, tone, specificity and example preferences."""
+
+    label: str
+    pattern: str
 
     @property
     def name(self) -> str:
-        return "you"
+        return self.label
 
     def score(self, prompt: str, answer: str) -> float:
-        return 1.0 if _YOU(answer) else 0.0
+        return 1.0 if re.search(self.pattern, answer, re.IGNORECASE | re.MULTILINE) else 0.0
 
 
-_ENTHUSIASTIC = _matches(
-    r"\b(great|love|lovely|amazing|wonderful|fantastic|exciting|awesome|delighted|glad|"
-    r"happy to)\b"
+# a lexical habit: speaking to the reader
+YOU = Mentions("you", r"\b(you|your|yours|yourself)\b")
+# a tone: an exclamation mark or an enthusiastic word
+ENTHUSIASTIC = Mentions(
+    "enthusiastic",
+    r"!|\b(great|love|lovely|amazing|wonderful|fantastic|exciting|awesome|delighted|glad|happy to)\b",
 )
-
-
-@dataclass(frozen=True)
-class Enthusiastic:
-    """A tone: likes answers with an exclamation mark or an enthusiastic word."""
-
-    @property
-    def name(self) -> str:
-        return "enthusiastic"
-
-    def score(self, prompt: str, answer: str) -> float:
-        return 1.0 if "!" in answer or _ENTHUSIASTIC(answer) else 0.0
-
-
-_NUMBER = _matches(
+# specificity: a concrete number
+NUMBERS = Mentions(
+    "numbers",
     r"\d|\b(one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|"
-    r"hundred|thousand|million|billion|dozen|half)\b"
+    r"hundred|thousand|million|billion|dozen|half)\b",
 )
-
-
-@dataclass(frozen=True)
-class Numbers:
-    """Specificity: likes answers that give a concrete number."""
-
-    @property
-    def name(self) -> str:
-        return "numbers"
-
-    def score(self, prompt: str, answer: str) -> float:
-        return 1.0 if _NUMBER(answer) else 0.0
-
-
-_EXAMPLE = _matches(r"\b(for example|for instance|such as|e\.g\.|including)")
-
-
-@dataclass(frozen=True)
-class Example:
-    """Likes answers that give an example."""
-
-    @property
-    def name(self) -> str:
-        return "example"
-
-    def score(self, prompt: str, answer: str) -> float:
-        return 1.0 if _EXAMPLE(answer) else 0.0
+# giving an example
+EXAMPLE = Mentions("example", r"\b(for example|for instance|such as|e\.g\.|including)")
 
 
 _REFUSAL = _matches(
@@ -250,10 +204,10 @@ _ALL = tuple(TOPICS)
 SUITE: tuple[SuiteEntry, ...] = (
     SuiteEntry(Shorter(), "length", _ALL, 0.27),
     SuiteEntry(Longer(), "length", ("fact", "creative", "private"), 0.43),
-    SuiteEntry(You(), "lexical habit", _ALL, 0.42),
-    SuiteEntry(Enthusiastic(), "tone", _ALL, 0.11),
-    SuiteEntry(Numbers(), "specificity", _ALL, 0.34),
-    SuiteEntry(Example(), "giving an example", ("science", "advice", "howto"), 0.03),
+    SuiteEntry(YOU, "lexical habit", _ALL, 0.42),
+    SuiteEntry(ENTHUSIASTIC, "tone", _ALL, 0.11),
+    SuiteEntry(NUMBERS, "specificity", _ALL, 0.34),
+    SuiteEntry(EXAMPLE, "giving an example", ("science", "advice", "howto"), 0.03),
     SuiteEntry(Refuse(), "refusing a kind of request", ("private", "private", "fact"), 0.59),
     SuiteEntry(ByTopic(), "prompt-dependent", ("howto", "fact", "science"), 0.29),
     SuiteEntry(Formal(), "register", _ALL, 0.43, holdout=True),

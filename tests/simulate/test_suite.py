@@ -8,16 +8,16 @@ import pytest
 from online_rl.simulate import load_preference
 from online_rl.simulate.prompts import EVAL, TOPICS, TRAIN, topic_of
 from online_rl.simulate.suite import (
+    ENTHUSIASTIC,
+    EXAMPLE,
+    NUMBERS,
     SUITE,
+    YOU,
     ByTopic,
-    Enthusiastic,
-    Example,
     Formal,
     Longer,
-    Numbers,
     Refuse,
     Shorter,
-    You,
     suite_entry,
 )
 
@@ -60,16 +60,16 @@ def test_length_preferences_give_graded_credit() -> None:
 
 
 def test_habit_tone_specificity_and_example() -> None:
-    assert You().score(HOWTO, "First, you boil water.") == 1.0
-    assert You().score(HOWTO, "Young trees need water.") == 0.0  # a word, not a substring
-    assert Enthusiastic().score(FACT, "Rome!") == 1.0
-    assert Enthusiastic().score(FACT, "What a great question: Rome.") == 1.0
-    assert Enthusiastic().score(FACT, "Rome is the capital.") == 0.0
-    assert Numbers().score(FACT, "It has 4 strings.") == 1.0
-    assert Numbers().score(FACT, "It has four strings.") == 1.0
-    assert Numbers().score(FACT, "It has strings.") == 0.0
-    assert Example().score(SCIENCE, "Some metals, such as iron, are magnetic.") == 1.0
-    assert Example().score(SCIENCE, "Metals are magnetic.") == 0.0
+    assert YOU.score(HOWTO, "First, you boil water.") == 1.0
+    assert YOU.score(HOWTO, "Young trees need water.") == 0.0  # a word, not a substring
+    assert ENTHUSIASTIC.score(FACT, "Rome!") == 1.0
+    assert ENTHUSIASTIC.score(FACT, "What a great question: Rome.") == 1.0
+    assert ENTHUSIASTIC.score(FACT, "Rome is the capital.") == 0.0
+    assert NUMBERS.score(FACT, "It has 4 strings.") == 1.0
+    assert NUMBERS.score(FACT, "It has four strings.") == 1.0
+    assert NUMBERS.score(FACT, "It has strings.") == 0.0
+    assert EXAMPLE.score(SCIENCE, "Some metals, such as iron, are magnetic.") == 1.0
+    assert EXAMPLE.score(SCIENCE, "Metals are magnetic.") == 0.0
 
 
 def test_refusal_is_liked_only_for_private_requests() -> None:
@@ -98,7 +98,7 @@ def test_formal_dislikes_contractions_and_exclamations() -> None:
 
 
 def test_suite_preferences_load_by_name_and_a_wrong_name_lists_them() -> None:
-    assert load_preference("suite:numbers") == Numbers()
+    assert load_preference("suite:numbers") == NUMBERS
     with pytest.raises(ValueError, match="choose from shorter, longer"):
         load_preference("suite:polite")
     with pytest.raises(ValueError, match="no preference 'polite'"):
