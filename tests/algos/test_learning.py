@@ -33,10 +33,15 @@ from online_rl.algos.batch import dpo_batch_loss, kto_batch_loss, reference_logp
 from online_rl.algos.policy import LoraSpec, lora_policy, trainable_parameters
 
 PREFERRED, AVOIDED = 1000, 2000
+# Prompts and answers are new sentences over a small shared vocabulary, as held-out text is made of known
+# words. With ids spread over the whole vocabulary every held-out token is one the adapter never saw, and
+# what a random model does on unseen random tokens is luck: DPO and KTO then learn the training prompts
+# (margins +2 to +4 there) and move fresh ones either way (-1.0 to +0.9 over seeds 1-3).
+WORDS = range(100, 300)
 
 
 def _ids(rng: random.Random, low: int, high: int) -> list[int]:
-    return [rng.randrange(100, 5000) for _ in range(rng.randint(low, high))]
+    return [rng.choice(WORDS) for _ in range(rng.randint(low, high))]
 
 
 def _policy(model_dir: Path) -> Any:
@@ -121,7 +126,7 @@ def test_kto_learns_from_unpaired_thumbs(tiny_model: Path) -> None:
     def loss_of(step: int) -> torch.Tensor:
         return kto_batch_loss(policy, samples[(step % 8) * 8 :][:8], config).loss
 
-    losses = _train(policy, 48, loss_of, lr=2e-2)
+    losses = _train(policy, 48, loss_of)
 
     up_after, down_after = (_ending_logprob(policy, held_out, t) for t in (PREFERRED, AVOIDED))
     assert up_after > up_before and down_after < down_before, (up_before, up_after, down_before, down_after)

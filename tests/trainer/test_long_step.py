@@ -3,8 +3,8 @@ real Kafka broker: the trainer stays in its group, carries on after a refused co
 sample exactly once.
 
 The broker's smallest session timeout (6 s) sets the poll interval here; each slow step sleeps past it
-before its update (as a slow CPU would). In the second slow step another member joins the group and
-takes a partition away until after that step's commit, which the group then refuses for it.
+before its update (as a slow CPU would). In the second slow step another member joins the group and,
+once it holds a partition, keeps it until after that step's commit, which the group then refuses for it.
 """
 
 from __future__ import annotations
@@ -39,15 +39,17 @@ class SlowTrainer(Trainer):
     """The real trainer whose first two updates take longer than the poll interval; during the second,
     `intruder` joins the group."""
 
-    def __init__(self, settings: Settings, bus: Bus, intruder: threading.Thread) -> None:
+    def __init__(self, settings: Settings, bus: Bus, intruder: threading.Thread,
+                 holding: threading.Event, release: threading.Event) -> None:
         super().__init__(settings, bus)
-        self.intruder = intruder
+        self.intruder, self.holding, self.release = intruder, holding, release
         self.refused_after: list[float] = []  # commits refused so far, after each step's commit
 
     def _update(self, state: TrainerState, routed: Routed) -> None:
         if state.step < 2:
-            if state.step == 1:
+            if state.step == 1:  # the rebalance lands inside this step, however slow the machine
                 self.intruder.start()
+                assert self.holding.wait(60), "the intruder never got a partition: no rebalance happened"
             time.sleep(STEP_S)
         super()._update(state, routed)
 
@@ -55,6 +57,8 @@ class SlowTrainer(Trainer):
         super()._commit(batch, state)
         self.refused_after.append(self.metrics.registry.get_sample_value("orl_trainer_commits_refused_total")
                                   or 0.0)
+        if len(self.refused_after) == 2:
+            self.release.set()
 
 
 def test_long_steps_and_a_rebalance_mid_step_train_every_sample_once(
@@ -78,21 +82,22 @@ def test_long_steps_and_a_rebalance_mid_step_train_every_sample_once(
     rng = random.Random(3)
     send(bus.producer(), topics.samples, [_pair(i, rng) for i in range(16)])
 
-    took: list[int] = []
+    holding, release = threading.Event(), threading.Event()
 
     def intrude() -> None:  # another member of the trainer's group, until after the slow step's commit
         consumer = bus.consumer(settings.trainer.group_id)
         consumer.subscribe([topics.samples])
-        deadline = time.monotonic() + STEP_S + 6
-        while time.monotonic() < deadline:
-            consumer.poll(100, 0.2)
-            took.append(len(consumer.assignment()))
+        deadline = time.monotonic() + 120
+        while not release.is_set() and time.monotonic() < deadline:
+            consumer.poll(100, 0.2)  # reads, never commits: it only holds its partitions
+            if consumer.assignment():
+                holding.set()
         consumer.close()
 
-    trainer = SlowTrainer(settings, bus, threading.Thread(target=intrude, daemon=True))
+    trainer = SlowTrainer(settings, bus, threading.Thread(target=intrude, daemon=True), holding, release)
     state = trainer.run(idle_exit_s=8.0)
 
-    assert max(took) >= 1, "the intruder never got a partition: no rebalance happened"
+    assert holding.is_set()
     assert trainer.refused_after[0] == 0  # a step past the poll interval alone: still in the group
     assert trainer.refused_after[1] >= 1  # the rebalance mid-step: refused, and the trainer carried on
     assert state.samples == 16  # every sample trained, none twice
