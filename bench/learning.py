@@ -2,7 +2,7 @@
 of simulated feedback, against the base model and a no-learning control.
 
     deploy/local/env.sh .venv/bin/python bench/learning.py [--preferences all|shorter,numbers,...]
-        [--events 500] [--rounds 5] [--kind thumbs] [--eval-samples 4] [--control lr0|none]
+        [--events 500] [--rounds 5] [--kind thumbs] [--eval-samples 4] [--control shuffled|lr0|none]
         [--config deploy/local/demo.yaml] [--set trainer.beta=0.1 ...] [--bootstrap HOST:PORT]
 
 On a real Kafka broker (started for the run unless `--bootstrap`), a real MLflow store and a local Ray
@@ -11,9 +11,11 @@ changed by `--set`: per preference, users with that taste (32 users, 10 % silent
 feedback flipped) ask the suite's training prompts of its topics and send `--events` feedback events
 through the bus, the real joiner and trainer learn in `--rounds` rounds, and every published version
 answers the next round and is measured on the held-out prompts (online_rl/simulate/learning.py). The
-baseline is the base model measured the same way, and the control a run of the same loop at learning
-rate 0 (`--control lr0`: the same traffic, seeds and steps; its adapter stays the identity), whose
-final version is measured on every preference's held-out prompts with the same seeds.
+baseline is the base model measured the same way, and the control one run of the same loop without
+the signal, whose final version is measured on every preference's held-out prompts with the same
+seeds: `--control shuffled` (the default) trains on the first preference's labels shuffled across the
+answers (the same steps, anchors and learning rate: what training alone does to each taste's rate),
+`--control lr0` runs at learning rate 0 (its adapter stays the identity, so it answers as the base).
 
 Prints a table, then the machine line, then one JSON object: `per_preference` (base, final and
 control liked rates, `gain` over the base, `gain_over_control`, the final version's general ability,
@@ -28,6 +30,7 @@ import statistics
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +93,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="versions published per preference")
     parser.add_argument("--kind", choices=["thumbs", "rating", "pairwise"], default="thumbs")
     parser.add_argument("--eval-samples", type=int, default=4, help="answers per held-out prompt")
-    parser.add_argument("--control", choices=["lr0", "none"], default="lr0")
+    parser.add_argument("--control", choices=["shuffled", "lr0", "none"], default="shuffled",
+                        help="shuffled: one run that trains on labels shuffled across answers (the same "
+                             "steps, anchors and learning rate, no signal); lr0: one run at learning rate 0")
     parser.add_argument("--config", type=Path, default=ROOT / "deploy" / "local" / "demo.yaml")
     parser.add_argument("--set", dest="changes", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     parser.add_argument("--seed", type=int, default=0)
@@ -137,7 +142,8 @@ def main() -> None:
 def run_suite(
     lab: Lab, entries: list[SuiteEntry], config: LearnConfig, control: str, say: Any = print
 ) -> dict[str, Any]:
-    """Base, learning runs and (with `control` lr0) one learning-rate-0 run, measured per preference."""
+    """Base, learning runs and one control run (`shuffled` labels or learning rate 0), measured per
+    preference."""
     base = {
         e.name: lab.evaluate(e, None, config.eval_samples, config.seed, config.temperature, config.max_tokens)
         for e in entries
@@ -152,8 +158,12 @@ def run_suite(
             lab.unload(run.final_adapter)
     controls: dict[str, Evaluation] = {}
     control_run: LearnRun | None = None
-    if control == "lr0":
-        control_run = lab.learn(entries[0], config, learning_rate=0.0, label="control-lr0", progress=say)
+    if control in ("lr0", "shuffled"):
+        if control == "lr0":
+            control_run = lab.learn(entries[0], config, learning_rate=0.0, label="control-lr0", progress=say)
+        else:
+            shuffled = replace(config, shuffle_labels=True)
+            control_run = lab.learn(entries[0], shuffled, label="control-shuffled", progress=say)
         for entry in entries:
             controls[entry.name] = lab.evaluate(
                 entry,

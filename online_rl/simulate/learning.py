@@ -39,7 +39,8 @@ from online_rl.events import Feedback, Interaction, Message, SamplingParams, enc
 from online_rl.simulate.population import FeedbackKind, Population
 from online_rl.simulate.suite import SUITE, SuiteEntry
 
-__all__ = ["Evaluation", "Lab", "LearnConfig", "LearnRun", "LearningError", "measure_base_rates"]
+__all__ = ["Evaluation", "Lab", "LearnConfig", "LearnRun", "LearningError", "measure_base_rates",
+           "other_answer"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class LearnConfig:
     eval_samples: int = 4  # answers per held-out prompt per version
     seed: int = 0
     round_timeout_s: float = 1800.0
+    # a no-learning control that still trains: each user judges another user's answer of the same wave
+    # and the feedback goes to their own, so labels keep their rate but say nothing about the answer
+    shuffle_labels: bool = False
 
     def __post_init__(self) -> None:
         if self.events < self.rounds or self.rounds < 1:
@@ -117,6 +121,14 @@ class LearnRun:
                 for v in self.versions
             ],
         }
+
+
+def other_answer(index: int, count: int, rng: random.Random) -> int:
+    """For the shuffled-labels control: the answer, other than `index`, of `count` whose verdict is
+    given for `index` (uniform over the others)."""
+    if count < 2:
+        raise ValueError("shuffled labels need at least two answers per wave")
+    return (index + 1 + rng.randrange(count - 1)) % count
 
 
 def _seed(*parts: object) -> int:
@@ -431,8 +443,12 @@ class Lab:
                         finish_reason=finish,
                     )
                     producer.produce(topics.interactions, encode(interaction), request_id.encode())
+                judged = mine
+                if config.shuffle_labels:  # another answer's verdict, sent for this one
+                    other = other_answer(i, len(wave), rng)
+                    judged = answers[other * per : (other + 1) * per]
                 events = population.judge(
-                    user, prompt, [(r, a[0]) for r, a in zip(ids, mine, strict=True)], random.Random(draw)
+                    user, prompt, [(r, a[0]) for r, a in zip(ids, judged, strict=True)], random.Random(draw)
                 )
                 for event in events:
                     feedback = Feedback(event_id=uuid.uuid4().hex, created_at=time.time(), **event)

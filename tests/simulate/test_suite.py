@@ -103,3 +103,18 @@ def test_suite_preferences_load_by_name_and_a_wrong_name_lists_them() -> None:
         load_preference("suite:polite")
     with pytest.raises(ValueError, match="no preference 'polite'"):
         suite_entry("polite")
+
+
+def test_the_shuffled_control_gives_each_answer_another_answers_verdict() -> None:
+    import random
+    from collections import Counter
+
+    from online_rl.simulate.learning import other_answer
+
+    rng = random.Random(0)
+    for index in range(16):
+        drawn = Counter(other_answer(index, 16, rng) for _ in range(3000))
+        assert index not in drawn and set(drawn) == set(range(16)) - {index}
+        assert max(drawn.values()) < 2 * min(drawn.values())  # uniform over the others
+    with pytest.raises(ValueError, match="at least two"):
+        other_answer(0, 1, rng)
