@@ -11,6 +11,8 @@
 #    (demo-report/report.md, reward.png, report.json).
 # The loop keeps running afterwards so you can look around (MLflow UI, rollout page);
 # `.venv/bin/online-rl down` stops it (ORL_DEMO_DOWN=1 stops it at the end of this script).
+# ORL_DEMO_ANCHORS=neutral uses the base model's own answers as the cold-start anchors instead of the
+# short factual ones (online_rl/demo/anchors.py).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
@@ -22,7 +24,7 @@ out=${ORL_DEMO_OUT:-demo-report}
 
 echo "== 1/3 the embedded model, the trainer's cold-start anchors (against forgetting), this machine"
 $cli model prepare
-ORL_TRAINER__COLD_START=$(.venv/bin/python -m online_rl.demo.anchors)
+ORL_TRAINER__COLD_START=$(.venv/bin/python -m online_rl.demo.anchors --style "${ORL_DEMO_ANCHORS:-short}")
 export ORL_TRAINER__COLD_START
 $cli version | tail -4
 # one training step of the demo's shape, timed: the trainer's batch and publish cadence follow it
