@@ -4,6 +4,7 @@ of simulated feedback, against the base model and a no-learning control.
     deploy/local/env.sh .venv/bin/python bench/learning.py [--preferences all|shorter,numbers,...]
         [--events 500] [--rounds 5] [--kind thumbs] [--eval-samples 4] [--control shuffled|lr0|none]
         [--config deploy/local/demo.yaml] [--set trainer.beta=0.1 ...] [--bootstrap HOST:PORT]
+        [--record DIR]
 
 On a real Kafka broker (started for the run unless `--bootstrap`), a real MLflow store and a local Ray
 runtime, with the trainer settings of `--config` (the demo's by default, with its cold-start anchors)
@@ -13,9 +14,11 @@ through the bus, the real joiner and trainer learn in `--rounds` rounds, and eve
 answers the next round and is measured on the held-out prompts (online_rl/simulate/learning.py). The
 baseline is the base model measured the same way, and the control one run of the same loop without
 the signal, whose final version is measured on every preference's held-out prompts with the same
-seeds: `--control shuffled` (the default) trains on the first preference's labels shuffled across the
-answers (the same steps, anchors and learning rate: what training alone does to each taste's rate),
-`--control lr0` runs at learning rate 0 (its adapter stays the identity, so it answers as the base).
+seeds: `--control shuffled` (the default) trains on the labels of the suite's first preference
+shuffled across the answers (the same steps, anchors and learning rate: what training alone does to
+each taste's rate), `--control lr0` runs at learning rate 0 (its adapter stays the identity, so it
+answers as the base). `--record DIR` keeps every finished part: the same command continues a run
+that did not finish (the whole suite takes longer than a working session on a 2-core machine).
 
 Prints a table, then the machine line, then one JSON object: `per_preference` (base, final and
 control liked rates, `gain` over the base, `gain_over_control`, the final version's general ability,
@@ -26,11 +29,14 @@ the rate of every version), `median_gain`, `min_gain`, `ability_min` (of 8), `ab
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import shutil
 import statistics
 import sys
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +46,7 @@ import yaml
 
 from bench.common import emit, kafka_broker
 from online_rl.config import Settings, load_settings
-from online_rl.simulate.learning import Evaluation, Lab, LearnConfig, LearnRun
+from online_rl.simulate.learning import Evaluation, Lab, LearnConfig
 from online_rl.simulate.suite import SUITE, SuiteEntry, suite_entry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +107,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine", default="transformers", help="the serving engine that answers")
     parser.add_argument("--bootstrap", default=None, help="an existing Kafka broker (else one is started)")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="a folder that keeps each finished part (base, each run, the control and its "
+                             "adapter): the same command again continues where it stopped")
     args = parser.parse_args()
 
     entries = (
@@ -119,7 +128,8 @@ def main() -> None:
         settings = bench_settings(args.config, bootstrap, work, changes)
         lab = Lab(settings, engine=args.engine)
         try:
-            result = run_suite(lab, entries, config, args.control, print)
+            record = Record(args.record, fingerprint(settings, config, args.control, args.engine))
+            result = run_suite(lab, entries, config, args.control, print, record)
         finally:
             lab.close()
     result |= {
@@ -139,60 +149,145 @@ def main() -> None:
     emit(result, settings.trainer.precision)
 
 
+class Record:
+    """The finished parts of a bench run (base, each preference's run, the control), kept in
+    DIR/results.jsonl under the run's fingerprint, with the control's adapter: a run longer than one
+    sitting continues where it stopped (`--record DIR`). Without a folder nothing is kept."""
+
+    def __init__(self, folder: Path | None, key: str) -> None:
+        self.folder, self.key = folder, key
+        self.parts: dict[tuple[str, str], Any] = {}
+        if folder is not None and (folder / "results.jsonl").exists():
+            for line in (folder / "results.jsonl").read_text().splitlines():
+                item = json.loads(line)
+                if item.get("key") == key:
+                    self.parts[(item["part"], item["name"])] = item["data"]
+
+    def get(self, part: str, name: str) -> Any:
+        return self.parts.get((part, name))
+
+    def put(self, part: str, name: str, data: Any) -> None:
+        self.parts[(part, name)] = data
+        if self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with (self.folder / "results.jsonl").open("a") as out:
+                out.write(json.dumps({"key": self.key, "part": part, "name": name, "data": data}) + "\n")
+
+    @property
+    def control_adapter(self) -> Path | None:
+        return None if self.folder is None else self.folder / f"control-{self.key}"
+
+
+def fingerprint(settings: Any, config: LearnConfig, control: str, engine: str) -> str:
+    """What makes two bench runs' parts comparable: every setting, the traffic, the control, the engine
+    and the machine's precision choice (not the broker's address, the paths or the run's seed-free
+    bookkeeping)."""
+    from online_rl.hardware import resolve_precision
+
+    trainer = settings.trainer.model_dump(mode="json", exclude={"cold_start", "checkpoint_dir"})
+    if settings.trainer.cold_start is not None:
+        anchors = Path(settings.trainer.cold_start).read_bytes()
+        trainer["cold_start_sha256"] = hashlib.sha256(anchors).hexdigest()
+    described = {
+        "trainer": trainer,
+        "join": settings.join.model_dump(mode="json"),
+        "model": settings.model.name,
+        "config": asdict(config),
+        "control": control,
+        "engine": engine,
+        "precision": resolve_precision(settings.trainer.precision, log_choice=False).precision,
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def run_suite(
-    lab: Lab, entries: list[SuiteEntry], config: LearnConfig, control: str, say: Any = print
+    lab: Lab, entries: list[SuiteEntry], config: LearnConfig, control: str, say: Any = print,
+    record: Record | None = None,
 ) -> dict[str, Any]:
     """Base, learning runs and one control run (`shuffled` labels or learning rate 0), measured per
-    preference."""
-    base = {
-        e.name: lab.evaluate(e, None, config.eval_samples, config.seed, config.temperature, config.max_tokens)
-        for e in entries
-    }
-    ability_base = lab.ability(None)
-    say(f"base: ability {ability_base}/8; " + ", ".join(f"{n} {b.liked_rate:.3f}" for n, b in base.items()))
-    runs: dict[str, LearnRun] = {}
+    preference; parts already in `record` are taken from it, new ones added to it."""
+    record = record or Record(None, "")
+
+    def measured(entry: SuiteEntry, adapter: str | None) -> Evaluation:
+        return lab.evaluate(entry, adapter, config.eval_samples, config.seed, config.temperature,
+                            config.max_tokens)
+
+    base: dict[str, Evaluation] = {}
     for entry in entries:
-        run = lab.learn(entry, config, progress=say)
-        runs[entry.name] = run
-        if run.final_adapter is not None:
-            lab.unload(run.final_adapter)
-    controls: dict[str, Evaluation] = {}
-    control_run: LearnRun | None = None
-    if control in ("lr0", "shuffled"):
-        if control == "lr0":
-            control_run = lab.learn(entries[0], config, learning_rate=0.0, label="control-lr0", progress=say)
+        kept = record.get("base", entry.name)
+        base[entry.name] = Evaluation(**kept) if kept else measured(entry, None)
+        if not kept:
+            record.put("base", entry.name, base[entry.name].as_dict())
+    ability_base = record.get("ability", "base")
+    if ability_base is None:
+        ability_base = lab.ability(None)
+        record.put("ability", "base", ability_base)
+    say(f"base: ability {ability_base}/8; " + ", ".join(f"{n} {b.liked_rate:.3f}" for n, b in base.items()))
+    rows: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        kept = record.get("run", entry.name)
+        if kept is None:
+            run = lab.learn(entry, config, progress=say)
+            if run.final_adapter is not None:
+                lab.unload(run.final_adapter)
+            final = run.final
+            assert final is not None
+            kept = {
+                "final": final.as_dict(),
+                "ability": run.ability,
+                "liked_feedback": round(run.liked_feedback, 4),
+                "versions": [round(v["evaluation"].liked_rate, 4) for v in run.versions],
+                "duration_s": round(run.duration_s, 1),
+            }
+            record.put("run", entry.name, kept)
         else:
-            shuffled = replace(config, shuffle_labels=True)
-            control_run = lab.learn(entries[0], shuffled, label="control-shuffled", progress=say)
-        for entry in entries:
-            controls[entry.name] = lab.evaluate(
-                entry,
-                control_run.final_adapter,
-                config.eval_samples,
-                config.seed,
-                config.temperature,
-                config.max_tokens,
-            )
-        if control_run.final_adapter is not None:
-            lab.unload(control_run.final_adapter)
+            say(f"{entry.name}: taken from the record")
+        rows[entry.name] = kept
+    controls: dict[str, Evaluation] = {}
+    control_ability = record.get("ability", "control")
+    missing = [e for e in entries if record.get("control", e.name) is None]
+    for entry in entries:
+        if entry not in missing:
+            controls[entry.name] = Evaluation(**record.get("control", entry.name))
+    if control in ("lr0", "shuffled") and missing:
+        kept_adapter = record.control_adapter
+        if kept_adapter is not None and kept_adapter.is_dir():
+            name = f"control-{record.key}"
+            lab.load(name, kept_adapter)
+        else:
+            if control == "lr0":
+                control_run = lab.learn(SUITE[0], config, learning_rate=0.0, label="control-lr0",
+                                        progress=say)
+            else:
+                shuffled = replace(config, shuffle_labels=True)
+                control_run = lab.learn(SUITE[0], shuffled, label="control-shuffled", progress=say)
+            assert control_run.final_adapter is not None and control_run.final_folder is not None
+            name, control_ability = control_run.final_adapter, control_run.ability
+            record.put("ability", "control", control_ability)
+            if kept_adapter is not None:
+                shutil.copytree(control_run.final_folder, kept_adapter, dirs_exist_ok=True)
+        for entry in missing:
+            controls[entry.name] = measured(entry, name)
+            record.put("control", entry.name, controls[entry.name].as_dict())
+        lab.unload(name)
     per: dict[str, Any] = {}
     for entry in entries:
-        run, final = runs[entry.name], runs[entry.name].final
-        assert final is not None
+        kept = rows[entry.name]
+        final_rate = kept["final"]["liked_rate"]
         row: dict[str, Any] = {
             "kind": entry.kind,
             "holdout": entry.holdout,
             "base": round(base[entry.name].liked_rate, 4),
-            "final": round(final.liked_rate, 4),
-            "gain": round(final.liked_rate - base[entry.name].liked_rate, 4),
-            "ability": run.ability,
-            "liked_feedback": round(run.liked_feedback, 4),
-            "versions": [round(v["evaluation"].liked_rate, 4) for v in run.versions],
-            "duration_s": round(run.duration_s, 1),
+            "final": final_rate,
+            "gain": round(final_rate - base[entry.name].liked_rate, 4),
+            "ability": kept["ability"],
+            "liked_feedback": kept["liked_feedback"],
+            "versions": kept["versions"],
+            "duration_s": kept["duration_s"],
         }
         if entry.name in controls:
             row["control"] = round(controls[entry.name].liked_rate, 4)
-            row["gain_over_control"] = round(final.liked_rate - controls[entry.name].liked_rate, 4)
+            row["gain_over_control"] = round(final_rate - controls[entry.name].liked_rate, 4)
         per[entry.name] = row
     scored = [r for r in per.values() if not r["holdout"]] or list(per.values())
     gains = [r["gain"] for r in scored]
@@ -205,8 +300,8 @@ def run_suite(
         "ability_base": ability_base,
         "holdout": [n for n, r in per.items() if r["holdout"]],
     }
-    if control_run is not None:
-        out["control_ability"] = control_run.ability
+    if all("gain_over_control" in r for r in scored) and controls:
+        out["control_ability"] = control_ability
         out["min_gain_over_control"] = round(min(r["gain_over_control"] for r in scored), 4)
     return out
 

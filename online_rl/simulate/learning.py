@@ -103,6 +103,7 @@ class LearnRun:
     ability: int | None = None  # of the 8 general-ability prompts, the final version's correct answers
     duration_s: float = 0.0
     final_adapter: str | None = None  # the engine-level name of the final version (still loaded)
+    final_folder: Path | None = None  # the final version's adapter as downloaded from MLflow
 
     @property
     def final(self) -> Evaluation | None:
@@ -349,6 +350,7 @@ class Lab:
                 )
                 name = f"{tag}-v{published.version}"
                 self.load(name, path)
+                run.final_folder = path
                 if adapter is not None:
                     self.unload(adapter)
                 adapter, behaviour = name, published.serving_name

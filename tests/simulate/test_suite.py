@@ -3,6 +3,8 @@ the prompts split into training and held-out halves that never overlap."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from online_rl.simulate import load_preference
@@ -118,3 +120,19 @@ def test_the_shuffled_control_gives_each_answer_another_answers_verdict() -> Non
         assert max(drawn.values()) < 2 * min(drawn.values())  # uniform over the others
     with pytest.raises(ValueError, match="at least two"):
         other_answer(0, 1, rng)
+
+
+def test_a_learning_bench_record_keeps_parts_per_fingerprint(tmp_path: Path) -> None:
+    from bench.learning import Record
+
+    first = Record(tmp_path, "aaaa")
+    first.put("base", "you", {"liked_rate": 0.3, "mean_score": 0.3, "answers": 72})
+    first.put("run", "you", {"final": {"liked_rate": 0.5}})
+    Record(tmp_path, "bbbb").put("base", "you", {"liked_rate": 0.9, "mean_score": 0.9, "answers": 72})
+
+    again = Record(tmp_path, "aaaa")  # a later invocation of the same command
+    assert again.get("base", "you")["liked_rate"] == 0.3 and again.get("run", "you") is not None
+    assert again.get("base", "numbers") is None
+    assert Record(tmp_path, "bbbb").get("base", "you")["liked_rate"] == 0.9
+    assert again.control_adapter == tmp_path / "control-aaaa"
+    assert Record(None, "aaaa").get("base", "you") is None  # no folder: nothing kept
