@@ -46,6 +46,7 @@ import yaml
 
 from bench.common import emit, kafka_broker
 from online_rl.config import Settings, load_settings
+from online_rl.hardware import resolve_precision
 from online_rl.simulate.learning import Evaluation, Lab, LearnConfig
 from online_rl.simulate.suite import SUITE, SuiteEntry, suite_entry
 
@@ -146,7 +147,7 @@ def main() -> None:
         "duration_s": round(time.monotonic() - began, 1),
     }
     print_table(result)
-    emit(result, settings.trainer.precision)
+    emit(result, resolve_precision(settings.trainer.precision, log_choice=False).precision)
 
 
 class Record:
@@ -182,12 +183,11 @@ def fingerprint(settings: Any, config: LearnConfig, control: str, engine: str) -
     """What makes two bench runs' parts comparable: every setting, the traffic, the control, the engine
     and the machine's precision choice (not the broker's address, the paths or the run's seed-free
     bookkeeping)."""
-    from online_rl.hardware import resolve_precision
-
     trainer = settings.trainer.model_dump(mode="json", exclude={"cold_start", "checkpoint_dir"})
     if settings.trainer.cold_start is not None:
-        anchors = Path(settings.trainer.cold_start).read_bytes()
-        trainer["cold_start_sha256"] = hashlib.sha256(anchors).hexdigest()
+        lines = Path(settings.trainer.cold_start).read_text().splitlines()  # by content, not write time
+        ids = sorted(json.loads(line)["sample_id"] for line in lines if line.strip())
+        trainer["cold_start_ids"] = hashlib.sha256("\n".join(ids).encode()).hexdigest()
     described = {
         "trainer": trainer,
         "join": settings.join.model_dump(mode="json"),
