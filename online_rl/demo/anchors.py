@@ -123,17 +123,14 @@ def _sample(settings: Settings, prompt: str, prompt_ids: list[int], answer: str,
 
 def cold_start_samples(settings: Settings, style: AnchorStyle = "short") -> list[TrainingSample]:
     """The anchors as desirable (thumbs-up) training samples for the configured base model."""
-    if style == "neutral":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(settings.model_dir))
-        return [_sample(settings, prompt, ids, str(tokenizer.decode(answer, skip_special_tokens=True)),
-                        answer, style) for prompt, ids, answer in base_answers(settings)]
-    if style != "short":
-        raise ValueError(f"anchor style {style!r}: use 'neutral' or 'short'")
     from transformers import AutoTokenizer
 
+    if style not in ("neutral", "short"):
+        raise ValueError(f"anchor style {style!r}: use 'neutral' or 'short'")
     tokenizer = AutoTokenizer.from_pretrained(str(settings.model_dir))
+    if style == "neutral":
+        return [_sample(settings, prompt, ids, str(tokenizer.decode(answer, skip_special_tokens=True)),
+                        answer, style) for prompt, ids, answer in base_answers(settings)]
     out = []
     for prompt, answer in ANCHORS:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
