@@ -4,7 +4,8 @@ sample exactly once.
 
 The broker's smallest session timeout (6 s) sets the poll interval here; each slow step sleeps past it
 before its update (as a slow CPU would). In the second slow step another member joins the group and,
-once it holds a partition, keeps it until after that step's commit, which the group then refuses for it.
+once it holds a partition, keeps it until after that step's commit; the group refuses the commit of
+the records the trainer had read from that partition.
 """
 
 from __future__ import annotations
@@ -99,7 +100,10 @@ def test_long_steps_and_a_rebalance_mid_step_train_every_sample_once(
 
     assert holding.is_set()
     assert trainer.refused_after[0] == 0  # a step past the poll interval alone: still in the group
-    assert trainer.refused_after[1] >= 1  # the rebalance mid-step: refused, and the trainer carried on
+    # the rebalance mid-step: the commit of records from the partition taken away is refused (in that
+    # step, or a later one when they were still buffered: which depends on the machine's timing), and
+    # the trainer carried on
+    assert trainer.refused_after[-1] >= 1
     assert state.samples == 16  # every sample trained, none twice
     ends = bus.end_offsets(topics.samples)
     assert state.offsets == ends
