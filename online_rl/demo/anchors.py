@@ -25,7 +25,7 @@ import argparse
 import hashlib
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from online_rl.config import Settings, load_settings
 from online_rl.events import Completion, FeedbackKind, Message, TrainingSample
@@ -84,21 +84,27 @@ NEUTRAL_PROMPTS: tuple[str, ...] = (
 )
 
 
+def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """The chat-templated user turn, ready for the assistant's answer."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
 def base_answers(settings: Settings, prompts: tuple[str, ...] = NEUTRAL_PROMPTS,
-                 max_new_tokens: int = NEUTRAL_MAX_TOKENS) -> list[tuple[str, list[int], list[int]]]:
+                 max_new_tokens: int = NEUTRAL_MAX_TOKENS, tokenizer: Any = None,
+                 ) -> list[tuple[str, list[int], list[int]]]:
     """(prompt, prompt token ids, answer token ids) of the base model's own greedy answers in float32,
     the end-of-sequence token included when the answer ends within `max_new_tokens`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(settings.model_dir))
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(settings.model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(settings.model_dir), dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
     out = []
     for prompt in prompts:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False).input_ids
+        ids = _prompt_ids(tokenizer, prompt)
         inputs = torch.tensor([ids])
         with torch.no_grad():
             generated = model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
@@ -130,15 +136,10 @@ def cold_start_samples(settings: Settings, style: AnchorStyle = "short") -> list
     tokenizer = AutoTokenizer.from_pretrained(str(settings.model_dir))
     if style == "neutral":
         return [_sample(settings, prompt, ids, str(tokenizer.decode(answer, skip_special_tokens=True)),
-                        answer, style) for prompt, ids, answer in base_answers(settings)]
-    out = []
-    for prompt, answer in ANCHORS:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        prompt_ids = tokenizer(text, add_special_tokens=False).input_ids
-        answer_ids = [*tokenizer(answer, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
-        out.append(_sample(settings, prompt, prompt_ids, answer, answer_ids, style))
-    return out
+                        answer, style) for prompt, ids, answer in base_answers(settings, tokenizer=tokenizer)]
+    return [_sample(settings, prompt, _prompt_ids(tokenizer, prompt), answer,
+                    [*tokenizer(answer, add_special_tokens=False).input_ids, tokenizer.eos_token_id], style)
+            for prompt, answer in ANCHORS]
 
 
 def write_cold_start(settings: Settings, path: Path, style: AnchorStyle = "short") -> Path:
