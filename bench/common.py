@@ -1,14 +1,20 @@
 """Shared helpers for the benchmarks: a Kafka broker for the run, an `online-rl` service in its own
-process, and the JSON result line."""
+process, the spread of figures measured over alternated rounds, and the JSON result line.
+
+Every benchmark runs its two sides alternately over rounds (A B, B A, A B, ...: neither side always
+runs first or on a warmer machine), reports the median of the per-round figures with their range
+(`spread`), and takes `--smoke`: tiny sizes that finish in seconds and still print every documented
+field (its `FIELDS`), which CI checks so that a benchmark cannot break unseen."""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -82,3 +88,23 @@ def precisions(requested: str) -> list[str]:
     choice = resolve_precision("auto", log_choice=False)
     print(f"precision auto on this machine: {choice.describe()}", flush=True)
     return ["fp32", "bf16"] if choice.precision == "bf16" else ["fp32"]
+
+
+def spread(values: Sequence[float], digits: int = 3) -> dict[str, Any]:
+    """The median of per-round figures and their range: {"median", "min", "max", "rounds"}."""
+    if not values:
+        raise ValueError("spread of no rounds: run at least one round")
+    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits), "rounds": len(values)}
+
+
+def alternated(rounds: int, sides: Sequence[str]) -> list[list[str]]:
+    """The order the sides run in each round: as given in even rounds, reversed in odd ones."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1 (got {rounds})")
+    return [list(sides) if r % 2 == 0 else list(reversed(sides)) for r in range(rounds)]
+
+
+def missing_fields(result: dict[str, Any], fields: Sequence[str]) -> list[str]:
+    """The documented fields a result line lacks (`FIELDS` of a benchmark; CI's smoke test uses it)."""
+    return [name for name in fields if name not in result]
