@@ -492,6 +492,12 @@ class GatewayConfig(BaseModel):
     replica_cooldown_s: float = Field(
         default=5.0, ge=0, description="How long a replica that refused a connection is skipped."
     )
+    holdout: float = Field(
+        default=0.0, ge=0.0, le=0.5,
+        description="Share of users (by a hash of the user id) the base model serves through every rollout: "
+        "a concurrent baseline that measures what learning gained in the same period (X-ORL-Arm: holdout). "
+        "0: none; e.g. 0.1 keeps one user in ten on the base model.",
+    )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
 
     @field_validator("replicas")

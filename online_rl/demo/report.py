@@ -4,11 +4,18 @@ MLflow holds, how fresh the served model was, and whether general ability held.
 `build_report` is pure (the run's records in, a JSON-able dict out); `write_report` renders it as
 `report.json`, `report.md` and `reward.png`. The reward is the users' feedback on the 0-1 scale
 (thumbs: the share of thumbs up; ratings normalised), with their noise, as the canary saw it.
+
+The base model's reward is the concurrent holdout's (`gateway.holdout`: users the base model serves
+through the whole run) over the same period as the final figure, so both come from the same hour's
+traffic (`base_source: "holdout"`; `"holdout_whole_run"` when none of its feedback fell in that
+period); without a holdout it falls back to everything the base model served (mostly early traffic,
+`base_source: "all"`). Both carry their counts and 95 % intervals.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -18,7 +25,7 @@ from typing import Any
 
 from online_rl.simulate import Answer
 
-__all__ = ["ABILITY_PROMPTS", "AbilityAnswer", "build_report", "correct", "write_report"]
+__all__ = ["ABILITY_PROMPTS", "AbilityAnswer", "build_report", "correct", "interval95", "write_report"]
 
 # Fixed factual prompts outside the simulated users' prompt set and unlike the cold-start anchors
 # (online_rl/demo/anchors.py), each with the words a correct answer contains; the base model answers
@@ -56,6 +63,21 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def interval95(values: Sequence[float]) -> list[float] | None:
+    """A 95 % interval for the mean reward: Wilson's for thumbs (every value 0 or 1), else the normal
+    approximation; None without values."""
+    n = len(values)
+    if n == 0:
+        return None
+    mean, z = sum(values) / n, 1.96
+    if all(v in (0.0, 1.0) for v in values):
+        centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    else:
+        centre, half = mean, z * (statistics.stdev(values) / math.sqrt(n) if n > 1 else 1.0)
+    return [round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)]
+
+
 def build_report(
     answers: Sequence[Answer],
     history: Sequence[dict[str, Any]],
@@ -77,14 +99,24 @@ def build_report(
 
     promotions = [e for e in history if e["action"] == "promote"]
     rated = [a for a in answers if a.reward is not None]
-    base = [float(a.reward) for a in rated if a.version == base_model]  # type: ignore[arg-type]
     final: dict[str, Any] = {"version": None, "since": None, "answers": 0}
     final_rewards: list[float] = []
+    since = start
     if promotions:
         last = promotions[-1]
+        since = last["at"]
         final_rewards = [float(a.reward) for a in rated  # type: ignore[arg-type]
-                         if a.version == name(last["version"]) and a.at >= last["at"]]
-        final = {"version": name(last["version"]), "since": last["at"] - start, "answers": len(final_rewards)}
+                         if a.version == name(last["version"]) and a.at >= since and a.arm != "holdout"]
+        final = {"version": name(last["version"]), "since": since - start, "answers": len(final_rewards)}
+    # the concurrent baseline: the holdout's rewards over the final figure's period
+    held = [a for a in rated if a.arm == "holdout"]
+    base_source = "holdout"
+    base = [float(a.reward) for a in held if a.at >= since]  # type: ignore[arg-type]
+    if not base and held:  # none of the holdout's feedback fell in that period: its whole run
+        base, base_source = [float(a.reward) for a in held], "holdout_whole_run"  # type: ignore[arg-type]
+    if not base:
+        base = [float(a.reward) for a in rated if a.version == base_model]  # type: ignore[arg-type]
+        base_source = "all"
     base_reward, final_reward = _mean(base), _mean(final_rewards)
 
     # Reward per version over time (buckets of `bucket_s` seconds from the first answer).
@@ -153,7 +185,10 @@ def build_report(
     components = meta.get("components", {})
     return {
         "base_reward": _round(base_reward),
+        "base_interval": interval95(base),
+        "base_source": base_source,
         "final_reward": _round(final_reward),
+        "final_interval": interval95(final_rewards),
         "reward_gain": gain,
         "stopped_by": meta.get("stopped_by"),
         "final_answers": final["answers"],
@@ -246,6 +281,13 @@ def _markdown(report: dict[str, Any], image: str) -> str:
     machine = report.get("machine") or {}
     stopped = {"goal": "the goal was reached (the promotions, then the measured answers)",
                "budget": "the time budget ran out before the goal"}.get(report.get("stopped_by") or "", "—")
+    def span(key: str) -> str:
+        bounds = report.get(key)
+        return "" if not bounds else f", 95 % interval {bounds[0]:.3f}–{bounds[1]:.3f}"
+
+    base_how = {"holdout": "the holdout, the base model serving beside the versions in the same period",
+                "holdout_whole_run": "the holdout over the whole run"}.get(report.get("base_source") or "",
+                                                                           "everything the base model served")
     lines = [
         "# online-rl demo report",
         "",
@@ -260,9 +302,10 @@ def _markdown(report: dict[str, Any], image: str) -> str:
         "",
         "| | value |",
         "|---|---|",
-        f"| base model's reward | {fmt(report['base_reward'])} ({report['base_feedback']} feedback) |",
+        f"| base model's reward ({base_how}) | {fmt(report['base_reward'])} ({report['base_feedback']} "
+        f"feedback{span('base_interval')}) |",
         f"| final reward (after the last promotion, {report['final']['version'] or '—'}) | "
-        f"{fmt(report['final_reward'])} ({report['final']['answers']} feedback) |",
+        f"{fmt(report['final_reward'])} ({report['final']['answers']} feedback{span('final_interval')}) |",
         f"| gain | {fmt(report['reward_gain'])} |",
         f"| promoted through the canary | {', '.join(report['promoted_versions']) or 'none'} |",
         f"| freshness (feedback → a version trained on it serving), median | "

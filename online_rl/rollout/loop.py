@@ -70,6 +70,7 @@ class RolloutLoop:
         self.config = settings.gateway.rollout
         self.registered = settings.mlflow.registered_model
         self.base_model = settings.model.name
+        self.holdout = settings.gateway.holdout
         self.plan = plan_from_config(self.config)
         self.controller = RolloutController(client, self.registered, self.plan,
                                             RolloutStore(settings.rollout_dir), clock)
@@ -104,7 +105,8 @@ class RolloutLoop:
 
     def route(self, user_id: str, override: str | None = None) -> Route:
         champion = self.name(self.champion) if self.champion is not None else None
-        return route_request(self.controller.state, self.base_model, user_id, override, champion)
+        return route_request(self.controller.state, self.base_model, user_id, override, champion,
+                             self.holdout)
 
     # -- the reward feed ------------------------------------------------------------------------------
     def start_feed(self) -> None:

@@ -3,7 +3,8 @@
 From the rollout state (or none), the user and an optional override header: during an active
 rollout the user's sticky bucket picks champion or challenger by the current weight; after a
 promotion everyone gets the new champion, after a rollback the old one; a tester can force an arm
-(`champion`, `challenger`) or an exact serving name that the rollout knows. Pure: the gateway turns
+(`champion`, `challenger`) or an exact serving name that the rollout knows; users in the holdout
+(`holdout` > 0) get the base model whatever the rollout does. Pure: the gateway turns
 the answer into the upstream request's `model` and names it in the response.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from online_rl.registry import serving_name
 from online_rl.rollout.controller import RolloutState
-from online_rl.rollout.split import Arm, arm_for
+from online_rl.rollout.split import Arm, arm_for, in_holdout
 
 __all__ = ["Route", "route_request"]
 
@@ -26,11 +27,15 @@ class Route:
 
 
 def route_request(state: RolloutState | None, base_model: str, user_id: str,
-                  override: str | None = None, current_champion: str | None = None) -> Route:
+                  override: str | None = None, current_champion: str | None = None,
+                  holdout: float = 0.0) -> Route:
     """The route for one request (`base_model` serves when no version is champion yet).
 
     `current_champion`: the serving name MLflow's `champion` alias names now; outside a rollout it
-    wins over what the last rollout left (an operator may have moved the alias since)."""
+    wins over what the last rollout left (an operator may have moved the alias since). `holdout`: the
+    share of users the base model serves throughout; an override still forces a tester's arm."""
+    if not override and in_holdout(user_id, holdout):
+        return Route("holdout", base_model, False)
     if state is None or (not state.active and current_champion is not None):
         champion_now = current_champion or base_model
         if override and override not in ("champion", champion_now):

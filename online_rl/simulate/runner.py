@@ -47,6 +47,7 @@ class Answer:
     reward: float | None = None  # the feedback on the 0-1 scale (thumbs 1/0, rating normalised,
     #                              pairwise: 1 if this answer won); None: the user said nothing
     feedback_at: float | None = None
+    arm: str = ""  # the gateway's X-ORL-Arm: champion, challenger or holdout ("" when not through one)
 
 
 @dataclass
@@ -114,13 +115,13 @@ def simulate(gateway_url: str, feedback_url: str, api_key: str, population: Popu
     result = result if result is not None else SimulationResult()
     lock = threading.Lock()
 
-    def ask(user: str, prompt: str) -> tuple[str, str, str]:
+    def ask(user: str, prompt: str) -> tuple[str, str, str, str]:
         raw = llm.chat.completions.with_raw_response.create(
             model="online-rl", user=user, max_tokens=max_tokens, temperature=temperature,
             messages=[{"role": "user", "content": prompt}])
         answer = raw.parse()
         version = raw.headers.get("x-orl-version", answer.model)
-        return answer.id, answer.choices[0].message.content or "", version
+        return answer.id, answer.choices[0].message.content or "", version, raw.headers.get("x-orl-arm", "")
 
     def one(item: tuple[str, str, float], feedback: FeedbackClient) -> None:
         user, prompt, draw = item
@@ -132,7 +133,7 @@ def simulate(gateway_url: str, feedback_url: str, api_key: str, population: Popu
                 result.failed += 1
             return
         answered_at = time.time()
-        events = population.judge(user, prompt, [(rid, text) for rid, text, _ in asked], random.Random(draw))
+        events = population.judge(user, prompt, [(a[0], a[1]) for a in asked], random.Random(draw))
         try:
             for event in events:
                 feedback.send(event)
@@ -143,13 +144,14 @@ def simulate(gateway_url: str, feedback_url: str, api_key: str, population: Popu
         sent_at = time.time() if events else None
         with lock:
             result.requests += 1
-            for index, (request_id, text, version) in enumerate(asked):
+            for index, (request_id, text, version, arm) in enumerate(asked):
                 score = population.preference.score(prompt, text)
                 served = result.versions.setdefault(version, Served())
                 served.answers += 1
                 served.score_total += score
                 reward = feedback_reward(events[0], index == 0) if events else None
-                result.answers.append(Answer(answered_at, user, request_id, version, score, reward, sent_at))
+                result.answers.append(Answer(answered_at, user, request_id, version, score, reward, sent_at,
+                                             arm))
             if events:
                 result.versions[asked[0][2]].feedback += len(events)
         if progress is not None:

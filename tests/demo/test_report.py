@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
+import pytest
+
 from online_rl.demo import AbilityAnswer, build_report, write_report
-from online_rl.demo.report import ABILITY_PROMPTS
+from online_rl.demo.report import ABILITY_PROMPTS, interval95
 from online_rl.simulate import Answer
 
 BASE, REG = "SmolLM2-135M-Instruct", "online-rl-policy"
@@ -80,7 +83,9 @@ def test_the_report_measures_base_final_promotions_and_freshness(tmp_path: Path)
     assert json.loads(paths["json"].read_text())["final_reward"] == 1.0
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     markdown = paths["markdown"].read_text()
-    assert "| base model's reward | 0.300 (150 feedback) |" in markdown
+    assert report["base_source"] == "all"  # no holdout in this run: everything the base served
+    assert "| base model's reward (everything the base model served) | 0.300 (150 feedback, 95 % interval " \
+        "0.232–0.378) |" in markdown
     assert f"| promoted through the canary | {REG}-v1 |" in markdown
     assert "rollback | challenger worse" in markdown
     assert "| rolled back | v2: worse on the users' feedback; v3: for lack of evidence" in markdown
@@ -99,3 +104,26 @@ def test_without_a_promotion_there_is_no_final_reward_and_a_collapse_is_flagged(
                            for i, (p, _) in enumerate(ABILITY_PROMPTS)]
     report = build_report(_answers(), HISTORY, VERSIONS, {}, collapsed, BASE, REG, {}, bucket_s=50)
     assert report["ability"]["final"] == 2 and report["ability"]["collapsed"] is True
+
+
+def test_with_a_holdout_the_base_reward_is_the_holdouts_over_the_final_period() -> None:
+    # the holdout user "h" gets the base model all along: liked 1 in 10 before the promotion (not the
+    # final period) and 4 in 10 after it, when v1 serves everyone else
+    holdout = [Answer(1000 + i, "h", f"h{i}", BASE, 0.3, float(i % 10 < (1 if i < 200 else 4)), 1000.5 + i,
+                      "holdout") for i in range(0, 300, 2)]
+    report = build_report(_answers() + holdout, HISTORY, VERSIONS, {}, [], BASE, REG, META, bucket_s=50)
+    assert report["base_source"] == "holdout"
+    assert report["base_feedback"] == 50 and report["base_reward"] == 0.4
+    assert report["final_reward"] == 1.0 and report["final_answers"] == 90
+    low, high = report["base_interval"]
+    assert low < 0.4 < high and high - low < 0.3  # Wilson's interval on 50 thumbs
+    assert report["final_interval"][1] == 1.0 and report["final_interval"][0] > 0.9
+    assert "the holdout, the base model serving beside the versions in the same period" in \
+        write_report(report, Path(tempfile.mkdtemp()))["markdown"].read_text()
+
+
+def test_interval_is_wilsons_for_thumbs_and_normal_for_ratings() -> None:
+    assert interval95([]) is None
+    assert interval95([1.0] * 20) == [0.839, 1.0]  # Wilson's: never a zero-width interval at 20/20
+    low, high = interval95([0.25, 0.5, 0.75] * 10)
+    assert low == pytest.approx(0.5 - 1.96 * 0.2075 / 30 ** 0.5, abs=2e-3) and high > 0.5

@@ -48,7 +48,7 @@ def _config(root: Path, model: Path, bootstrap: str | None) -> tuple[Settings, P
         "feedback_api": {"port": _free_port()},
         "trainer": {"batch_size": 8, "batch_timeout_s": 2, "publish_every_samples": 8,
                     "learning_rate": 1e-3, "group_id": f"launch-{_free_port()}"},
-        "gateway": {"port": _free_port(),
+        "gateway": {"port": _free_port(), "holdout": 0.2,  # 5 of the demo's 20 users: the base model
                     "rollout": {"interval_s": 1, "steps": [0.5, 1.0], "min_samples": 5}},
         "ray": {"num_cpus": 2},
         "launch": {"run_dir": str(root / "run"), "mlflow_port": _free_port(),
@@ -137,7 +137,10 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
         ["mlflow", "inference", "feedback", "joiner", "trainer", "gateway"], 0) and saved["exited"] == []
     assert saved["base_reward"] == report["base_reward"] is not None
     assert {"base_reward", "final_reward", "promoted_versions", "freshness_s"} <= set(saved)
-    assert saved["base_feedback"] > 10 and saved["meta"]["requests"] > 10
+    assert saved["meta"]["requests"] > 10
+    # the base reward is the holdout's: users the base model served beside the versions all along
+    assert saved["base_source"].startswith("holdout") and saved["base_feedback"] >= 1, saved["base_source"]
+    assert saved["base_interval"][0] <= saved["base_reward"] <= saved["base_interval"][1]
     assert (tmp_path / "report" / "reward.png").stat().st_size > 10_000
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "## Reward per version over time" in markdown and "## Rollout decisions" in markdown

@@ -33,3 +33,18 @@ def test_testers_can_force_a_version() -> None:
     assert route_request(_state(weight=1.0), "base", "u1", override="policy-v1").arm == "champion"
     with pytest.raises(ValueError, match="X-ORL-Version='policy-v7' is neither champion, challenger"):
         route_request(_state(), "base", "u1", override="policy-v7")
+
+
+def test_holdout_users_get_the_base_model_through_every_rollout() -> None:
+    users = [f"u{i}" for i in range(4000)]
+    held = {u for u in users if route_request(_state(), "base", u, holdout=0.1).arm == "holdout"}
+    assert 0.08 < len(held) / len(users) < 0.12
+    for state in (_state(), _state(weight=1.0), _state("promoted"), _state("rolled_back"), None):
+        for user in held:  # the same users, whatever the rollout does, and nobody else
+            assert route_request(state, "base", user, holdout=0.1).model == "base"
+        others = [route_request(state, "base", u, holdout=0.1) for u in users[:300] if u not in held]
+        assert all(r.arm != "holdout" for r in others)
+    # a tester in the holdout can still force an arm; without a holdout nobody is held out
+    user = next(iter(held))
+    assert route_request(_state(), "base", user, override="challenger", holdout=0.1).model == "policy-v2"
+    assert route_request(_state(), "base", user).arm != "holdout"
