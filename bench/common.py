@@ -30,12 +30,16 @@ def kafka_broker(bootstrap: str | None, port: int = 19292) -> Iterator[str]:
         yield bootstrap
         return
     env = {**os.environ, "ORL_KAFKA_PORT": str(port)}
+    # a broker already running on that port (another benchmark's) is used and left running
+    running = subprocess.run(["bash", str(KAFKA_SCRIPT), "status"], env=env, capture_output=True,
+                             text=True).stdout.startswith("running")
     out = subprocess.run(["bash", str(KAFKA_SCRIPT), "start"], env=env, check=True,
                          capture_output=True, text=True)
     try:
         yield out.stdout.strip().splitlines()[-1]
     finally:
-        subprocess.run(["bash", str(KAFKA_SCRIPT), "stop"], env=env, capture_output=True)
+        if not running:
+            subprocess.run(["bash", str(KAFKA_SCRIPT), "stop"], env=env, capture_output=True)
 
 
 def start_cli_service(args: list[str], env: dict[str, str], url: str, what: str,
