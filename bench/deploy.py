@@ -2,16 +2,18 @@
 name, `dns+http://...`, re-resolved every controller pass) against the gateway wired with a fixed
 URL list (as `online-rl up` does), side by side in one run over the same inference replica.
 
-    .venv/bin/python bench/deploy.py [--seconds 10] [--rounds 3] [--concurrency 8]
+    .venv/bin/python bench/deploy.py [--seconds 10] [--rounds 3] [--concurrency 8] [--smoke]
 
 One inference replica (`online-rl serve inference`, embedded model) and two gateways in front of it,
 each its own process on the embedded bus: one with `gateway.replicas: [http://127.0.0.1:P]`, one
 with `[dns+http://localhost:P]` and a 1 s controller interval (five times the default rate of
 re-resolution). A closed loop of `--concurrency` clients sends one-token greedy chats (where the
-gateway's own cost is the largest share) for `--seconds`, alternating the two gateways for
-`--rounds` rounds each. The last line is one JSON object: `throughput_ratio` (DNS-wired over
-fixed, the median of the per-round ratios), `added_p50_ms` (DNS minus fixed p50), and
-`discover_ms` (one re-resolution of the name, measured in this process, median of 200).
+gateway's own cost is the largest share) for `--seconds`, both gateways in each of `--rounds`
+rounds, the order alternating from round to round. The last line is one JSON object:
+`throughput_ratio` (DNS-wired over fixed, the median of the per-round ratios) and
+`throughput_ratio_range` [min, max], `added_p50_ms` (DNS minus fixed p50), and `discover_ms` (one
+re-resolution of the name, measured in this process, median of 200). `--smoke`: 1 round of 1 s
+(checks that the benchmark runs).
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import embedded_env, emit, start_cli_service
+from bench.common import alternated, embedded_env, emit, spread, start_cli_service
 from bench.gateway import Run, closed_loop
 from online_rl.config import load_settings
 from online_rl.ingest import new_key
 from online_rl.models import EMBEDDED_MODEL_ID, prepare_embedded_model
 from online_rl.rollout.replicas import ReplicaPool
+
+FIELDS = ("throughput_ratio", "throughput_ratio_range", "added_p50_ms", "discover_ms", "fixed_rps",
+          "dns_rps", "fixed_p50_ms", "dns_p50_ms", "rounds", "machine")
 
 
 def discover_ms(source: str, times: int = 200) -> float:
@@ -57,7 +62,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="Length of each round.")
     parser.add_argument("--rounds", type=int, default=3, help="Rounds per gateway (alternating).")
     parser.add_argument("--concurrency", type=int, default=8, help="Clients in the closed loop.")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the benchmark runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.rounds = 1.0, 1
 
     model_dir = prepare_embedded_model(load_settings().model_dir).path
     upstream, upstream_hash = new_key()
@@ -83,8 +91,10 @@ def main() -> None:
                                                    f"gateway ({name})"))
             print(f"one-token answers, {args.concurrency} clients, {args.rounds} rounds of "
                   f"{args.seconds:.0f} s:")
-            for r in range(args.rounds):
-                for name, url in (("fixed", fixed), ("dns", dns)):
+            urls = {"fixed": fixed, "dns": dns}
+            for r, order in enumerate(alternated(args.rounds, list(urls))):
+                for name in order:
+                    url = urls[name]
                     got = asyncio.run(closed_loop(url, client, args.seconds, args.concurrency, 1))
                     runs[name].append(got)
                     print(f"  round {r + 1} {name:5s}: {got[0] / got[1]:6.1f} req/s, "
@@ -100,7 +110,9 @@ def main() -> None:
     resolve = discover_ms("dns+http://localhost:18581")
     print(f"DNS-wired / fixed throughput {statistics.median(ratios):.3f}; p50 {p50['fixed']:.1f} -> "
           f"{p50['dns']:.1f} ms; one re-resolution {resolve:.3f} ms")
-    result: dict[str, Any] = {"throughput_ratio": round(statistics.median(ratios), 3),
+    ratio = spread(ratios)
+    result: dict[str, Any] = {"throughput_ratio": ratio["median"],
+                              "throughput_ratio_range": [ratio["min"], ratio["max"]],
                               "added_p50_ms": round(p50["dns"] - p50["fixed"], 2),
                               "discover_ms": round(resolve, 3),
                               "fixed_rps": round(rps["fixed"], 2), "dns_rps": round(rps["dns"], 2),

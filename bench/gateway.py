@@ -2,16 +2,19 @@
 to the inference replica, side by side in one run.
 
     .venv/bin/python bench/gateway.py [--seconds 15] [--rounds 3] [--concurrency 8] [--max-tokens 16]
+                                      [--smoke]
 
 On the embedded model (SmolLM2-135M-Instruct), one inference replica (`online-rl serve inference`)
 and one gateway in front of it (`online-rl serve gateway`, its rollout controller running, no
 rollout), each its own process on the embedded bus: a closed loop of `--concurrency` clients sends
-greedy chats for `--seconds`, alternating direct and through-the-gateway rounds (`--rounds` each,
-so the machine's drift hits both). Then the same with one-token answers, where the gateway's own
-cost is the largest share of a request. The last line is one JSON object: `throughput_ratio`
-(gateway requests/s over direct), `added_p50_ms` (gateway p50 minus direct p50 of one client
-alternating one-token requests between the two, so both see the same machine), the p99s, and the
-closed loop's figures for one-token answers (`*_short`).
+greedy chats for `--seconds`, direct and through the gateway in each of `--rounds` rounds, the order
+alternating from round to round (direct first, then gateway first, ...) so the machine's drift hits
+both. Any failed request stops the run. Then the same with one-token answers, where the gateway's
+own cost is the largest share of a request. The last line is one JSON object: `throughput_ratio`
+(gateway requests/s over direct: the median of the rounds' ratios) and `throughput_ratio_range`
+[min, max], `added_p50_ms` (gateway p50 minus direct p50 of one client alternating one-token requests
+between the two, so both see the same machine), the p99s, and the closed loop's figures for one-token
+answers (`*_short`). `--smoke`: 1 round of 1 s, 20 probes (checks that the benchmark runs).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.common import embedded_env, emit, start_cli_service
+from bench.common import alternated, embedded_env, emit, spread, start_cli_service
 from online_rl.config import load_settings
 from online_rl.ingest import new_key
 from online_rl.models import EMBEDDED_MODEL_ID, prepare_embedded_model
@@ -39,6 +42,9 @@ QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What i
              "Say hello in Spanish.", "What do bees make?", "Which planet is red?"]
 
 
+FIELDS = ("throughput_ratio", "throughput_ratio_range", "added_p50_ms", "alone_direct_p50_ms",
+          "alone_gateway_p50_ms", "alone_direct_p99_ms", "alone_gateway_p99_ms", "loaded_direct_p50_ms",
+          "loaded_gateway_p50_ms", "throughput_ratio_short", "rounds", "machine")
 Run = tuple[int, float, list[float]]  # requests, elapsed seconds, latencies (s)
 
 
@@ -94,16 +100,18 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def compare(direct: str, gateway: str, key_direct: str, key_gateway: str, args: argparse.Namespace,
-            max_tokens: int) -> dict[str, float]:
+            max_tokens: int) -> dict[str, Any]:
     runs: dict[str, list[Run]] = {"direct": [], "gateway": []}
-    for r in range(args.rounds):
-        for mode, url, key in (("direct", direct, key_direct), ("gateway", gateway, key_gateway)):
+    sides = {"direct": (direct, key_direct), "gateway": (gateway, key_gateway)}
+    for r, order in enumerate(alternated(args.rounds, list(sides))):
+        for mode in order:
+            url, key = sides[mode]
             got = asyncio.run(closed_loop(url, key, args.seconds, args.concurrency, max_tokens))
             runs[mode].append(got)
             p50, p99 = _pct(got[2], 0.5) * 1e3, _pct(got[2], 0.99) * 1e3
             print(f"  round {r + 1} {mode:7s}: {got[0] / got[1]:6.1f} req/s, p50 {p50:7.1f} ms, "
                   f"p99 {p99:7.1f} ms", flush=True)
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     for mode, got in runs.items():
         out[f"{mode}_rps"] = sum(n for n, _, _ in got) / sum(t for _, t, _ in got)
         every = [x for _, _, lat in got for x in lat]
@@ -111,7 +119,8 @@ def compare(direct: str, gateway: str, key_direct: str, key_gateway: str, args: 
         out[f"{mode}_p99_ms"] = _pct(every, 0.99) * 1e3
     # The ratio per round pair, then their median: each pair ran back to back under the same load.
     ratios = [(g[0] / g[1]) / (d[0] / d[1]) for d, g in zip(runs["direct"], runs["gateway"], strict=True)]
-    out["throughput_ratio"] = statistics.median(ratios)
+    ratio = spread(ratios)
+    out["throughput_ratio"], out["throughput_ratio_range"] = ratio["median"], [ratio["min"], ratio["max"]]
     out["added_p50_ms"] = out["gateway_p50_ms"] - out["direct_p50_ms"]
     return out
 
@@ -124,7 +133,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="Clients in the closed loop.")
     parser.add_argument("--max-tokens", type=int, default=16, help="Tokens per answer (main workload).")
     parser.add_argument("--probes", type=int, default=200, help="Interleaved latency probes each way.")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the benchmark runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.rounds, args.probes = 1.0, 1, 20
 
     model_dir = prepare_embedded_model(load_settings().model_dir).path
     upstream, upstream_hash = new_key()
@@ -166,9 +178,11 @@ def main() -> None:
     result: dict[str, Any] = {"throughput_ratio": round(main_run["throughput_ratio"], 3),
                               "added_p50_ms": round(added, 2)}
     result |= {f"alone_{k}": round(v, 2) for k, v in alone.items()}
+    result["throughput_ratio_range"] = main_run["throughput_ratio_range"]
     result |= {f"loaded_{k}" if "_ms" in k else k: round(v, 2)
                for k, v in main_run.items() if k not in result}
-    result |= {f"{k}_short": round(v, 3 if k == "throughput_ratio" else 2) for k, v in short.items()}
+    result |= {f"{k}_short": v if isinstance(v, list) else round(v, 3 if k == "throughput_ratio" else 2)
+               for k, v in short.items()}
     result |= {"concurrency": args.concurrency, "max_tokens": args.max_tokens, "seconds": args.seconds,
                "rounds": args.rounds, "model": EMBEDDED_MODEL_ID}
     emit(result)
