@@ -2,18 +2,22 @@
 in one run of the whole loop.
 
     deploy/local/env.sh .venv/bin/python bench/demo.py [--budget 1200] [--measure 150] [--out DIR]
+                                                       [--smoke]
 
 Starts the loop as `make demo` does (`online-rl up --fresh` with deploy/local/demo.yaml, the cold-start
 anchors and the trainer's cadence timed on this machine), runs the simulated users (`online-rl demo`:
 100 users who like short answers, thumbs with 10 % noise, 10 % silent) until the last promoted version
 has `--measure` answers with feedback since its promotion, writes the report and stops the loop. The
-baseline is the base model serving the same users in the same run (everything it served before and
-beside the canary). The last line is one JSON object: `base_reward`, `final_reward` (0-1: the share of
-thumbs up), `reward_ratio` (final / base), `reward_gain`, `promoted_versions`, `freshness_s` (median:
-newest feedback trained on -> that version serving), `ability_base` / `ability_final` (of 8 fixed
-factual prompts), `duration_s` (the simulated traffic), `up_s` (starting the loop), `stopped_by` (goal
-or budget), `final_answers` (what the final figure rests on), rollbacks by verdict, restarts per
-component and the machine.
+baseline is the base model serving the same users in the same run: the holdout (`gateway.holdout`,
+one user in ten served by the base model all run) over the same period as the final figure. The last
+line is one JSON object: `base_reward`, `final_reward` (0-1: the share of thumbs up) with
+`base_interval` / `final_interval` (95 %) and `base_feedback` / `final_answers` (their counts),
+`base_source` (`holdout`), `reward_ratio` (final / base), `reward_gain`, `promoted_versions`,
+`freshness_s` (median: newest feedback trained on -> that version serving), `ability_base` /
+`ability_final` (of 8 fixed factual prompts), `duration_s` (the simulated traffic), `up_s` (starting
+the loop), `stopped_by` (goal or budget), rollbacks by verdict, restarts per component and the
+machine. `--smoke` checks that the benchmark runs: 30 s of traffic from 20 users
+with 8-token answers, the trainer's cadence as configured (not timed first), no promotion required.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from online_rl.demo.tune import measure_step, tuned
 from online_rl.launch import down, up
 
 ROOT = Path(__file__).resolve().parents[1]
+FIELDS = ("base_reward", "base_interval", "base_feedback", "base_source", "final_reward", "final_interval",
+          "final_answers", "reward_ratio", "reward_gain", "promoted_versions", "freshness_s", "ability_base",
+          "ability_final", "duration_s", "up_s", "stopped_by", "rollbacks", "restarts", "machine")
 
 
 def main() -> None:
@@ -43,6 +50,7 @@ def main() -> None:
     parser.add_argument("--measure", type=int, default=150,
                         help="answers with feedback after the last promotion")
     parser.add_argument("--out", type=Path, default=ROOT / "demo-report", help="where the report goes")
+    parser.add_argument("--smoke", action="store_true", help="a short run that checks the benchmark works")
     args = parser.parse_args()
 
     config = ROOT / "deploy" / "local" / "demo.yaml"
@@ -50,20 +58,25 @@ def main() -> None:
     settings = load_settings(config)
     os.environ["ORL_TRAINER__COLD_START"] = str(
         write_cold_start(settings, settings.cache_dir / "demo" / "cold-start.jsonl"))
-    os.environ.update(tuned(settings, measure_step(settings)))  # the trainer's cadence for this machine
+    if not args.smoke:
+        os.environ.update(tuned(settings, measure_step(settings)))  # the trainer's cadence for this machine
     settings = load_settings(config)
     began = time.monotonic()
     up(settings, config, fresh=True)
     up_s = time.monotonic() - began
+    small = {"budget_s": 30.0, "measure": 1, "users": 20, "max_tokens": 8} if args.smoke else {
+        "budget_s": args.budget, "measure": args.measure}
     try:
-        report = run_demo(settings, args.out, budget_s=args.budget, measure=args.measure)
+        report = run_demo(settings, args.out, **small)
     finally:
         down(settings)
     base, final = report["base_reward"], report["final_reward"]
     print(f"base model {base} -> after the last promotion {final}; promoted {report['promoted_versions']}; "
           f"freshness {report['freshness_s']} s; ability {report['ability']['final']}/8 (base "
           f"{report['ability']['base']}); report in {args.out}")
-    emit({"base_reward": base, "final_reward": final,
+    emit({"base_reward": base, "final_reward": final, "base_interval": report["base_interval"],
+          "final_interval": report["final_interval"], "base_feedback": report["base_feedback"],
+          "base_source": report["base_source"],
           "reward_ratio": round(final / base, 3) if base and final is not None else None,
           "reward_gain": report["reward_gain"], "promoted_versions": report["promoted_versions"],
           "freshness_s": report["freshness_s"], "ability_base": report["ability"]["base"],

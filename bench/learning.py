@@ -4,7 +4,7 @@ of simulated feedback, against the base model and a no-learning control.
     deploy/local/env.sh .venv/bin/python bench/learning.py [--preferences all|shorter,numbers,...]
         [--events 500] [--rounds 5] [--kind thumbs] [--eval-samples 4] [--control shuffled|lr0|none]
         [--config deploy/local/demo.yaml] [--set trainer.beta=0.1 ...] [--bootstrap HOST:PORT]
-        [--record DIR]
+        [--record DIR] [--smoke]
 
 On a real Kafka broker (started for the run unless `--bootstrap`), a real MLflow store and a local Ray
 runtime, with the trainer settings of `--config` (the demo's by default, with its cold-start anchors)
@@ -24,6 +24,8 @@ Prints a table, then the machine line, then one JSON object: `per_preference` (b
 control liked rates, `gain` over the base, `gain_over_control`, the final version's general ability,
 the rate of every version), `median_gain`, `min_gain`, `ability_min` (of 8), `ability_base`,
 `holdout` (the preferences kept out of the medians), and the settings that differ from the config.
+`--smoke` checks that the benchmark runs (one preference, 8 events in 1 round, 1 answer per held-out
+prompt, the lr = 0 control); CI runs it on a tiny model (`--config` with `model.path`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from online_rl.simulate.learning import Evaluation, Lab, LearnConfig
 from online_rl.simulate.suite import SUITE, SuiteEntry, suite_entry
 
 ROOT = Path(__file__).resolve().parents[1]
+FIELDS = ("per_preference", "median_gain", "min_gain", "ability_min", "ability_base", "holdout",
+          "min_gain_over_control", "control_ability", "events", "rounds", "control", "duration_s", "machine")
 
 
 def overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
@@ -111,7 +115,11 @@ def main() -> None:
     parser.add_argument("--record", type=Path, default=None,
                         help="a folder that keeps each finished part (base, each run, the control and its "
                              "adapter): the same command again continues where it stopped")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the benchmark runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.preferences, args.events, args.rounds = "numbers", 8, 1
+        args.eval_samples, args.control = 1, "lr0"
 
     entries = (
         list(SUITE)

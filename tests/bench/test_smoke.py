@@ -1,0 +1,93 @@
+"""Every benchmark still runs: each one's `--smoke` mode (tiny sizes) finishes and its last line is one
+JSON object with every field the benchmark documents (its `FIELDS`).
+
+The figures of a smoke run mean nothing (seconds of load, a tiny model where the benchmark allows
+one); what is checked is that a benchmark cannot break unseen between the runs that produce the
+figures in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import TINY_NAME
+
+pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV_SH = ROOT / "deploy" / "local" / "env.sh"
+
+
+def _fields(name: str) -> tuple[str, ...]:
+    """The benchmark's FIELDS, read from its source (no import: some start services at import)."""
+    tree = ast.parse((ROOT / "bench" / f"{name}.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FIELDS" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise AssertionError(f"bench/{name}.py documents no FIELDS")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _run(name: str, args: list[str], env: dict[str, str] | None = None, timeout_s: float = 600) -> dict:
+    command = ["bash", str(ENV_SH), sys.executable, str(ROOT / "bench" / f"{name}.py"), "--smoke", *args]
+    done = subprocess.run(command, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout_s)
+    tail = (done.stdout + done.stderr)[-3000:]
+    assert done.returncode == 0, f"bench/{name}.py --smoke exited {done.returncode}:\n{tail}"
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert lines, f"bench/{name}.py --smoke printed nothing:\n{tail}"
+    result = json.loads(lines[-1])
+    missing = [field for field in _fields(name) if field not in result]
+    assert not missing, f"bench/{name}.py --smoke lacks {missing} in its JSON line:\n{lines[-1]}"
+    machine = result["machine"]
+    assert machine["cpu"] and machine["isa"] and machine["cores"] >= 1, machine
+    return result
+
+
+@pytest.mark.parametrize("name", ["algos", "gateway", "deploy", "inference", "hybrid"])
+def test_a_benchmark_without_a_broker_runs_and_prints_its_fields(name: str) -> None:
+    _run(name, [])
+
+
+@pytest.mark.parametrize("name", ["bus", "feedback_api", "trainer"])
+def test_a_benchmark_on_the_broker_runs_and_prints_its_fields(name: str, kafka_bootstrap: str) -> None:
+    _run(name, ["--bootstrap", kafka_bootstrap])
+
+
+def test_the_learning_benchmark_runs_on_a_tiny_model(kafka_bootstrap: str, tiny_model: Path,
+                                                     tmp_path: Path) -> None:
+    demo = yaml.safe_load((ROOT / "deploy" / "local" / "demo.yaml").read_text())
+    demo["model"] = {"name": TINY_NAME, "path": str(tiny_model)}
+    demo["trainer"]["cold_start_weight"] = 0.0  # no anchors to write with the embedded model
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(demo))
+    result = _run("learning", ["--bootstrap", kafka_bootstrap, "--config", str(config)],
+                  {"ORL_CACHE_DIR": str(tmp_path / "cache")})
+    row = result["per_preference"]["numbers"]
+    assert len(row["versions"]) == 1 and 0 <= row["final"] <= 1 and "gain_over_control" in row
+
+
+def test_the_demo_benchmark_runs_the_loop_on_a_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
+    ports = {"ORL_GATEWAY__PORT", "ORL_INFERENCE__PORT", "ORL_FEEDBACK_API__PORT", "ORL_LAUNCH__MLFLOW_PORT",
+             "ORL_LAUNCH__TRAINER_METRICS_PORT"}
+    env = {port: str(_free_port()) for port in ports} | {
+        "ORL_CACHE_DIR": str(tmp_path / "cache"), "ORL_MODEL__PATH": str(tiny_model),
+        "ORL_MODEL__NAME": TINY_NAME, "ORL_LAUNCH__BUS": "embedded", "ORL_INFERENCE__ENGINE": "transformers",
+        "ORL_LAUNCH__RUN_DIR": str(tmp_path / "run")}
+    result = _run("demo", ["--out", str(tmp_path / "report")], env)
+    assert result["stopped_by"] in ("goal", "budget") and result["base_source"] != ""
+    assert (tmp_path / "report" / "report.md").is_file()
