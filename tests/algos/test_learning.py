@@ -1,8 +1,10 @@
 """Learning happens: DPO, KTO, PPO and the reward model move a LoRA adapter on the tiny Llama towards
 a synthetic preference, and only the adapter's weights change.
 
-The preference is "end the answer with token PREFERRED rather than AVOIDED" (DPO, KTO) and "emit even token
-ids" (PPO, scored by a rule on its own samples). Each test measures on held-out prompts.
+DPO and KTO learn a preference that depends on the prompt ("prompts on topic A want the answer to end
+with PREFERRED, on topic B with AVOIDED"), measured on held-out prompts over two seeds against a control
+trained on the same data with shuffled labels; the reward model ranks the endings; PPO learns to "emit
+even token ids" (scored by a rule on its own samples) against a control at learning rate 0.
 """
 
 from __future__ import annotations
@@ -91,48 +93,90 @@ def _train(policy: Any, steps: int, loss_of: Callable[[int], torch.Tensor], lr: 
     return losses
 
 
-def test_dpo_learns_to_prefer_an_ending(tiny_model: Path) -> None:
-    rng = random.Random(0)
-    pairs = []
-    for _ in range(64):
-        prompt, stem = _ids(rng, 2, 6), _ids(rng, 1, 3)
-        pairs.append((prompt, [*stem, PREFERRED], [*stem, AVOIDED]))
-    held_out = [(_ids(rng, 2, 6), _ids(rng, 1, 3)) for _ in range(16)]
-    policy = _policy(tiny_model)
-    frozen, adapter = _frozen(policy), _adapter(policy)
-    margin_before = _ending_logprob(policy, held_out, PREFERRED) - _ending_logprob(policy, held_out, AVOIDED)
-
-    config = DPOConfig(beta=0.1)
-    losses = _train(policy, 32, lambda step: dpo_batch_loss(policy, pairs[(step % 8) * 8:][:8], config).loss)
-
-    margin_after = _ending_logprob(policy, held_out, PREFERRED) - _ending_logprob(policy, held_out, AVOIDED)
-    assert margin_after > margin_before + 1.0, (margin_before, margin_after)
-    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.1, losses
-    _assert_only_the_adapter_changed(policy, frozen, adapter)
+# The preference depends on the prompt: prompts on topic A want the answer to end with PREFERRED, those
+# on topic B with AVOIDED. A policy that only learned "end with PREFERRED" gains nothing on average.
+TOPIC_A, TOPIC_B = 50, 60
 
 
-def test_kto_learns_from_unpaired_thumbs(tiny_model: Path) -> None:
-    rng = random.Random(1)
-    samples = []
-    for i in range(64):  # unpaired: each prompt gets one answer and one thumb
-        up = i % 2 == 0
-        samples.append((_ids(rng, 2, 6), [*_ids(rng, 1, 3), PREFERRED if up else AVOIDED], up))
-    held_out = [(_ids(rng, 2, 6), _ids(rng, 1, 3)) for _ in range(16)]
-    policy = _policy(tiny_model)
-    frozen, adapter = _frozen(policy), _adapter(policy)
-    up_before, down_before = (_ending_logprob(policy, held_out, t) for t in (PREFERRED, AVOIDED))
+def _right(topic: int) -> tuple[int, int]:
+    """(the ending this topic's users like, the one they dislike)."""
+    return (PREFERRED, AVOIDED) if topic == TOPIC_A else (AVOIDED, PREFERRED)
 
-    config = KTOConfig(beta=0.1)
-    def loss_of(step: int) -> torch.Tensor:
-        return kto_batch_loss(policy, samples[(step % 8) * 8 :][:8], config).loss
 
-    losses = _train(policy, 48, loss_of)
+def _topical(rng: random.Random, count: int) -> list[tuple[int, list[int], list[int]]]:
+    """(topic, prompt opening with its topic word, answer stem) items."""
+    items = []
+    for _ in range(count):
+        topic = rng.choice((TOPIC_A, TOPIC_B))
+        items.append((topic, [topic, *_ids(rng, 2, 6)], _ids(rng, 1, 3)))
+    return items
 
-    up_after, down_after = (_ending_logprob(policy, held_out, t) for t in (PREFERRED, AVOIDED))
-    assert up_after > up_before and down_after < down_before, (up_before, up_after, down_before, down_after)
-    assert (up_after - down_after) > (up_before - down_before) + 0.8
-    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4, losses
-    _assert_only_the_adapter_changed(policy, frozen, adapter)
+
+def _right_margin(policy: Any, held_out: list[tuple[int, list[int], list[int]]]) -> float:
+    """Mean log-probability margin of the liked ending over the disliked one on held-out prompts."""
+    def ending_logprobs(which: int) -> torch.Tensor:
+        batch = pack([Sample(prompt, [[*stem, _right(topic)[which]]]) for topic, prompt, stem in held_out])
+        with torch.no_grad():
+            out = forward(policy, batch)
+        return out.token_logprobs[torch.cumsum(batch.lengths, 0) - 1]
+
+    return (ending_logprobs(0) - ending_logprobs(1)).mean().item()
+
+
+def _preference_run(model_dir: Path, kind: str, seed: int, shuffled: bool) -> tuple[float, list[float], Any]:
+    """Train DPO (on pairs) or KTO (on unpaired thumbs) on the topical preference; with `shuffled` the
+    labels are drawn at random (the control: the same data, steps and seeds without the signal).
+    Returns the held-out margin's change, the losses and the policy."""
+    rng, labels = random.Random(seed), random.Random(seed + 100)
+    train, held_out = _topical(rng, 64), _topical(rng, 32)
+    policy = _policy(model_dir)
+    before = _right_margin(policy, held_out)
+    if kind == "dpo":
+        pairs = []
+        for topic, prompt, stem in train:
+            good, bad = _right(topic)
+            if shuffled and labels.random() < 0.5:
+                good, bad = bad, good
+            pairs.append((prompt, [*stem, good], [*stem, bad]))
+        dpo = DPOConfig(beta=0.1)
+        losses = _train(policy, 32, lambda step: dpo_batch_loss(policy, pairs[(step % 8) * 8:][:8], dpo).loss)
+    else:
+        thumbs = []
+        for i, (topic, prompt, stem) in enumerate(train):  # unpaired: one answer and one thumb per prompt
+            up = i % 2 == 0
+            thumbs.append((prompt, [*stem, _right(topic)[0 if up else 1]], labels.random() < 0.5 if shuffled
+                           else up))
+        kto = KTOConfig(beta=0.1)
+        losses = _train(policy, 48,
+                        lambda step: kto_batch_loss(policy, thumbs[(step % 8) * 8:][:8], kto).loss)
+    return _right_margin(policy, held_out) - before, losses, policy
+
+
+def test_dpo_learns_a_prompt_dependent_preference_over_its_shuffled_control(tiny_model: Path) -> None:
+    for seed in (0, 1):
+        frozen = _frozen(_policy(tiny_model))
+        gain, losses, policy = _preference_run(tiny_model, "dpo", seed, shuffled=False)
+        control, _, _ = _preference_run(tiny_model, "dpo", seed, shuffled=True)
+        # measured: learned +3.7 on both seeds, the shuffled control -0.8 and -2.2
+        assert gain > control + 1.5 and gain > 1.0, (seed, gain, control)
+        assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.1, losses
+        _assert_only_the_adapter_changed(policy, frozen, _adapter(_policy(tiny_model)))
+
+
+def test_kto_learns_a_prompt_dependent_preference_from_unpaired_thumbs_over_its_control(
+        tiny_model: Path) -> None:
+    gains, controls = [], []
+    for seed in (0, 1):
+        frozen = _frozen(_policy(tiny_model))
+        gain, losses, policy = _preference_run(tiny_model, "kto", seed, shuffled=False)
+        control, _, _ = _preference_run(tiny_model, "kto", seed, shuffled=True)
+        gains.append(gain)
+        controls.append(control)
+        assert gain > control, (seed, gain, control)
+        assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4, losses
+        _assert_only_the_adapter_changed(policy, frozen, _adapter(_policy(tiny_model)))
+    # measured: learned +2.8 and +1.5, the shuffled control -0.9 and +0.8 (KTO's noise is wider)
+    assert sum(gains) / 2 > sum(controls) / 2 + 1.0, (gains, controls)
 
 
 def test_reward_model_learns_to_rank_preferences(tiny_model: Path) -> None:
@@ -183,15 +227,19 @@ def _even_share(completions: torch.Tensor) -> torch.Tensor:
     return (completions % 2 == 0).float().mean(-1)
 
 
-def test_ppo_raises_a_rule_based_reward_on_its_own_samples(tmp_path: Path) -> None:
-    rewards_seen = _ppo_run(tmp_path, lr=3e-3, iterations=30)
-    start, end = sum(rewards_seen[:5]) / 5, sum(rewards_seen[-5:]) / 5
-    # each is the mean of 5 x 192 tokens' rewards; without learning they stay within ~0.05 of each other
-    assert end > start + 0.25, rewards_seen
+def test_ppo_raises_a_rule_based_reward_on_its_own_samples_over_its_lr0_control(tmp_path: Path) -> None:
+    def gain(rewards: list[float]) -> float:  # the last 5 iterations' mean reward over the first 5's
+        return sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+
+    learned = _ppo_run(tmp_path, lr=3e-3, iterations=30)
+    control = _ppo_run(tmp_path, lr=0.0, iterations=30)  # the same seeds and prompts, no update
+    # each is the mean of 5 x 192 tokens' rewards
+    assert abs(gain(control)) < 0.1, control
+    assert gain(learned) > gain(control) + 0.25, (learned, control)
 
 
 def _ppo_run(tmp_path: Path, lr: float, iterations: int) -> list[float]:
-    policy = _policy(_small_vocab_llama(tmp_path / "llama16"))
+    policy = _policy(_small_vocab_llama(tmp_path / f"llama16-{lr}"))
     frozen, adapter = _frozen(policy), _adapter(policy)
     value_head = torch.nn.Linear(64, 1)
     config = PPOConfig(clip_low=0.2, clip_high=0.2, gamma=1.0, lam=0.95, kl=KLControlConfig(coef=0.02))
@@ -231,5 +279,6 @@ def _ppo_run(tmp_path: Path, lr: float, iterations: int) -> list[float]:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    _assert_only_the_adapter_changed(policy, frozen, adapter)
+    if lr > 0:
+        _assert_only_the_adapter_changed(policy, frozen, adapter)
     return rewards_seen
