@@ -1,6 +1,7 @@
 """Colocated PPO end to end on the embedded model: preference pairs on a real Kafka topic teach the
-reward model, PPO on fresh rollouts raises its score on held-out prompts while the KL to the
-reference stays under its target, and the result is a registered MLflow version."""
+reward model, PPO on fresh rollouts raises its score on held-out prompts (and the answers get shorter,
+the users' true preference) while the KL to the reference stays under its target, and the result is a
+registered MLflow version."""
 
 from __future__ import annotations
 
@@ -109,6 +110,9 @@ def test_ppo_on_fresh_rollouts_raises_the_learned_reward_within_the_kl_target(
     assert state.steps == STEPS and state.pairs == len(samples)
     # the same reward model, the same sampling seeds: the trained policy's answers score higher
     assert after["reward"] > after["base_reward"] + 0.3, after
+    # ... and by the users' own measure, not only the reward model's (which PPO optimised, and could
+    # game): the answers got shorter (measured 18.6 tokens against the base's 22.1 of at most 24)
+    assert after["completion_tokens"] < after["base_completion_tokens"] - 1.0, after
     assert after["kl"] < KL_TARGET, after
     # rollouts are on-policy: the generation engine's log-probs are the training forward's
     assert max(m["behaviour_gap"] for m in seen["steps"]) < 1e-3
