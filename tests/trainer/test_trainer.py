@@ -5,7 +5,8 @@ AVOIDED) is trained in two lifetimes of the trainer (a restart in between); each
 version. Checked: every sample trained exactly once across the restart, the later version prefers
 the preferred ending on held-out prompts more than the earlier one (and the earlier more than the
 base), each version's lineage is complete and its offset ranges tile the stream, the unusable sample
-went to the dead-letter topic, and the MLflow run holds the config and per-step metrics.
+went to the dead-letter topic, and the MLflow run holds the config and per-step metrics. The gain is
+checked against a control: the same pairs with chosen and rejected swapped at random.
 """
 
 from __future__ import annotations
@@ -151,6 +152,25 @@ def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
     base = _margin(tiny_model, None, held_out)
     v1, v2 = (_margin(tiny_model, folder, held_out) for folder in folders)
     assert base < v1 < v2, (base, v1, v2)
+    # the control: the same pairs, steps and seeds with chosen and rejected swapped at random (no signal)
+    labels = random.Random(7)
+    shuffled = [s.model_copy(update={"chosen": s.rejected, "rejected": s.chosen}) if labels.random() < 0.5
+                else s for s in samples]
+    control_settings = settings.model_copy(update={
+        "bus": settings.bus.model_copy(update={"topic_prefix": settings.bus.topic_prefix + "c"}),
+        "mlflow": settings.mlflow.model_copy(update={"registered_model": "policy-control"}),
+        "trainer": settings.trainer.model_copy(update={"checkpoint_dir": tmp_path / "control-checkpoints"})})
+    control_bus, control_topics = _kafka_topics(control_settings, partitions=2)
+    send(control_bus.producer(), control_topics.samples, shuffled)
+    control_trainer = Trainer(control_settings, control_bus)
+    control_trainer.run(idle_exit_s=3.0)
+    control_bus.close()
+    control_version = control_trainer.published[-1].version
+    control_folder = Path(mlflow.artifacts.download_artifacts(f"models:/policy-control/{control_version}",
+                                                              dst_path=str(tmp_path / "control")))
+    control = _margin(tiny_model, control_folder, held_out)
+    # measured: the learned version +0.43 over the base, the control -0.21 (a random walk either way)
+    assert v2 - base > control - base + 0.2, (base, v2, control)
 
     dead = bus.consumer(f"check-{uuid.uuid4().hex[:6]}")
     dead.subscribe([topics.dlq])
