@@ -3,8 +3,9 @@
 Every device posts one receive per peer it needs pieces from and one send per peer that needs its
 pieces (each message the pieces packed back to back, in plan order), copies its own pieces locally,
 and unpacks what arrives into its generation shards. Gloo on CPU, NCCL on GPU; the same code.
-`allgather` is the baseline: gather every parameter's full tensor from the FSDP group, then cut the
-generation shard out of it (what loading a full state dict into a tensor-parallel engine does).
+`allgather` is the baseline a practitioner would write: the training shards flattened into buckets,
+one all-gather per bucket over the FSDP group (every device receives the full weights, in few
+collectives), then each device slices its generation shard out of what arrived.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from online_rl.hybrid.layout import Box, box_numel
+from online_rl.hybrid.layout import Box, box_numel, intersect
 from online_rl.hybrid.plan import Piece, ReshardPlan
 
 __all__ = ["Resharder", "TransitionStats", "cut"]
@@ -29,6 +30,7 @@ class TransitionStats:
     received_bytes: int
     sent_bytes: int
     peak_extra_bytes: int  # transient buffers beyond the generation shards (messages, gathered tensors)
+    collectives: int = 0  # point-to-point messages posted, or all-gathers issued
 
 
 def cut(tensor: torch.Tensor, held: Box, box: Box) -> torch.Tensor:
@@ -83,7 +85,7 @@ class Resharder:
                 offset += n
         extra = sum(m.numel() * m.element_size() for m in [*inbox.values(), *outbox])
         return out, TransitionStats(time.perf_counter() - start, plan.received_bytes(rank),
-                                    plan.sent_bytes(rank), extra)
+                                    plan.sent_bytes(rank), extra, len(ops))
 
     def _pack(self, pieces: Sequence[Piece], shards: Sequence[torch.Tensor]) -> torch.Tensor:
         parts = [cut(shards[p.param], self.plan.training_box(self.rank, p.param), p.box).reshape(-1)
@@ -93,27 +95,60 @@ class Resharder:
     def _place(self, out: list[torch.Tensor], piece: Piece, values: torch.Tensor) -> None:
         cut(out[piece.param], self.plan.generation_box(self.rank, piece.param), piece.box).copy_(values)
 
-    def allgather(self, shards: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], TransitionStats]:
-        """The baseline: all-gather each full parameter over the FSDP group, keep the generation shard."""
+    def _buckets(self, bucket_bytes: int) -> list[list[int]]:
+        """Consecutive parameters grouped so that a device's shards of a bucket stay under `bucket_bytes`
+        (a parameter whose shard alone is bigger makes a bucket of its own)."""
+        fsdp = self.plan.training.fsdp
+        buckets: list[list[int]] = [[]]
+        size = 0
+        for index, spec in enumerate(self.plan.specs):
+            nbytes = -(-spec.nbytes // fsdp)
+            if buckets[-1] and size + nbytes > bucket_bytes:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(index)
+            size += nbytes
+        return buckets
+
+    def allgather(self, shards: Sequence[torch.Tensor],
+                  bucket_bytes: int = 25 * 2**20) -> tuple[list[torch.Tensor], TransitionStats]:
+        """The baseline: per bucket of parameters (`bucket_bytes` of shards per device, DDP's default),
+        each device's shards flattened into one buffer (padded to the largest device's), one all-gather
+        of the buffers over the FSDP group, then this device's generation shards sliced out of the
+        gathered training shards."""
         start = time.perf_counter()
         plan, rank = self.plan, self.rank
         fsdp = plan.training.fsdp
-        out: list[torch.Tensor] = []
-        received = peak = 0
-        for index, (spec, shard) in enumerate(zip(plan.specs, shards, strict=True)):
-            dim = spec.train_dim
-            if fsdp == 1:
-                full = shard
+        own = plan.training.coords(rank)[1]
+        dtype, device = shards[0].dtype, shards[0].device
+        itemsize = shards[0].element_size()
+        out = [torch.empty(shape, dtype=dtype, device=device) for shape in self._shapes()]
+        received = peak = collectives = 0
+        for bucket in self._buckets(bucket_bytes):
+            held = [[plan.specs[i].training_box(fsdp, f) for i in bucket] for f in range(fsdp)]
+            width = max(sum(box_numel(box) for box in boxes) for boxes in held)
+            flat = torch.zeros(width, dtype=dtype, device=device)
+            offset = 0
+            for i, box in zip(bucket, held[own], strict=True):
+                n = box_numel(box)
+                assert shards[i].numel() == n, plan.specs[i].name  # the shard is exactly its training box
+                flat[offset:offset + n].view(shards[i].shape).copy_(shards[i])
+                offset += n
+            if fsdp > 1:
+                gathered = torch.empty(fsdp * width, dtype=dtype, device=device)
+                dist.all_gather_single(gathered, flat, group=self.fsdp_group)
+                collectives += 1
+                received += (fsdp - 1) * width * itemsize
+                peak = max(peak, (fsdp + 1) * width * itemsize)
             else:
-                step = -(-spec.shape[dim] // fsdp)
-                padded_shape = list(spec.shape)
-                padded_shape[dim] = step
-                padded = shard.new_zeros(padded_shape)
-                padded.narrow(dim, 0, shard.shape[dim]).copy_(shard)
-                gathered = [torch.empty_like(padded) for _ in range(fsdp)]
-                dist.all_gather(gathered, padded.contiguous(), group=self.fsdp_group)
-                full = torch.cat(gathered, dim=dim).narrow(dim, 0, spec.shape[dim])
-                received += (fsdp - 1) * padded.numel() * padded.element_size()
-                peak = max(peak, 2 * full.numel() * full.element_size())
-            out.append(cut(full, spec.full(), plan.generation_box(rank, index)).clone())
-        return out, TransitionStats(time.perf_counter() - start, received, received, peak)
+                gathered = flat
+            for f, boxes in enumerate(held):  # slice out what this device serves with
+                offset = f * width
+                for i, box in zip(bucket, boxes, strict=True):
+                    n = box_numel(box)
+                    piece = intersect(plan.generation_box(rank, i), box)
+                    if piece is not None:
+                        values = gathered[offset:offset + n].view(tuple(b - a for a, b in box))
+                        self._place(out, Piece(i, piece), cut(values, box, piece))
+                    offset += n
+        return out, TransitionStats(time.perf_counter() - start, received, received, peak, collectives)

@@ -31,8 +31,14 @@ def _fields(name: str) -> tuple[str, ...]:
     """The benchmark's FIELDS, read from its source (no import: some start services at import)."""
     tree = ast.parse((ROOT / "bench" / f"{name}.py").read_text())
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FIELDS" for t in node.targets):
-            return tuple(ast.literal_eval(node.value))
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if any(getattr(t, "id", None) == "FIELDS" for t in targets):
+            return tuple(ast.literal_eval(value))
     raise AssertionError(f"bench/{name}.py documents no FIELDS")
 
 
