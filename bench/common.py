@@ -102,6 +102,19 @@ def spread(values: Sequence[float], digits: int = 3) -> dict[str, Any]:
             "max": round(max(values), digits), "rounds": len(values)}
 
 
+def put_spread(result: dict[str, Any], name: str, values: Sequence[float], digits: int = 3) -> None:
+    """`result[name]`: the median over rounds; `result[name + "_range"]`: [min, max]."""
+    s = spread(values, digits)
+    result[name], result[f"{name}_range"] = s["median"], [s["min"], s["max"]]
+
+
+def percentile(values: Sequence[float], q: int) -> float:
+    """The q-th percentile (1-99) of `values` (interpolated between the closest ranks)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
 def alternated(rounds: int, sides: Sequence[str]) -> list[list[str]]:
     """The order the sides run in each round: as given in even rounds, reversed in odd ones."""
     if rounds < 1:

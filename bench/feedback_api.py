@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import statistics
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import alternated, emit, kafka_broker, spread, start_cli_service
+from bench.common import alternated, emit, kafka_broker, percentile, spread, start_cli_service
 from online_rl.events import Feedback, encode
 from online_rl.ingest import new_key
 
@@ -93,12 +92,11 @@ async def _drive(url: str, key: str, concurrency: int, seconds: float, batch: in
         began = time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         elapsed = time.perf_counter() - began
-    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
     requests = len(latencies)
     return {"concurrency": concurrency, "batch": batch, "requests": requests, "errors": errors,
             "error_rate": errors / requests if requests else 1.0,
             "events_per_s": (requests - errors) * batch / elapsed,
-            "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000}
+            "p50_ms": percentile(latencies, 50) * 1000, "p99_ms": percentile(latencies, 99) * 1000}
 
 
 def _load_process(url: str, key: str, concurrency: int, seconds: float, batch: int, out: Any) -> None:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.common import alternated, embedded_env, emit, spread, start_cli_service
+from bench.common import alternated, embedded_env, emit, percentile, spread, start_cli_service
 from online_rl.config import load_settings
 from online_rl.ingest import new_key
 from online_rl.models import EMBEDDED_MODEL_ID, prepare_embedded_model
@@ -94,11 +94,6 @@ async def interleaved(direct: str, gateway: str, key_direct: str, key_gateway: s
     return out
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def compare(direct: str, gateway: str, key_direct: str, key_gateway: str, args: argparse.Namespace,
             max_tokens: int) -> dict[str, Any]:
     runs: dict[str, list[Run]] = {"direct": [], "gateway": []}
@@ -108,7 +103,7 @@ def compare(direct: str, gateway: str, key_direct: str, key_gateway: str, args: 
             url, key = sides[mode]
             got = asyncio.run(closed_loop(url, key, args.seconds, args.concurrency, max_tokens))
             runs[mode].append(got)
-            p50, p99 = _pct(got[2], 0.5) * 1e3, _pct(got[2], 0.99) * 1e3
+            p50, p99 = percentile(got[2], 50) * 1e3, percentile(got[2], 99) * 1e3
             print(f"  round {r + 1} {mode:7s}: {got[0] / got[1]:6.1f} req/s, p50 {p50:7.1f} ms, "
                   f"p99 {p99:7.1f} ms", flush=True)
     out: dict[str, Any] = {}
@@ -116,7 +111,7 @@ def compare(direct: str, gateway: str, key_direct: str, key_gateway: str, args: 
         out[f"{mode}_rps"] = sum(n for n, _, _ in got) / sum(t for _, t, _ in got)
         every = [x for _, _, lat in got for x in lat]
         out[f"{mode}_p50_ms"] = statistics.median(every) * 1e3
-        out[f"{mode}_p99_ms"] = _pct(every, 0.99) * 1e3
+        out[f"{mode}_p99_ms"] = percentile(every, 99) * 1e3
     # The ratio per round pair, then their median: each pair ran back to back under the same load.
     ratios = [(g[0] / g[1]) / (d[0] / d[1]) for d, g in zip(runs["direct"], runs["gateway"], strict=True)]
     ratio = spread(ratios)
@@ -168,8 +163,8 @@ def main() -> None:
                 process.wait(timeout=60)
     alone = {"direct_p50_ms": statistics.median(alone_direct) * 1e3,
              "gateway_p50_ms": statistics.median(alone_gateway) * 1e3,
-             "direct_p99_ms": _pct(alone_direct, 0.99) * 1e3,
-             "gateway_p99_ms": _pct(alone_gateway, 0.99) * 1e3}
+             "direct_p99_ms": percentile(alone_direct, 99) * 1e3,
+             "gateway_p99_ms": percentile(alone_gateway, 99) * 1e3}
     added = alone["gateway_p50_ms"] - alone["direct_p50_ms"]
     print(f"gateway/direct throughput {main_run['throughput_ratio']:.3f} (1-token answers "
           f"{short['throughput_ratio']:.3f}); added p50 {added:.2f} ms alone "

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.common import alternated, embedded_env, emit, spread, start_cli_service
+from bench.common import alternated, embedded_env, emit, percentile, put_spread, start_cli_service
 from online_rl.config import InferenceConfig, load_settings
 from online_rl.events import SamplingParams
 from online_rl.ingest import new_key
@@ -84,16 +84,6 @@ def prompt_ids(model_dir: Path, chats: list[list[dict[str, str]]]) -> list[list[
     tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
     return [list(tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)
                  ["input_ids"]) for chat in chats]
-
-
-def put_spread(result: dict[str, Any], name: str, values: list[float], digits: int = 3) -> None:
-    """`result[name]`: the median over rounds; `result[name + "_range"]`: [min, max]."""
-    s = spread(values, digits)
-    result[name], result[f"{name}_range"] = s["median"], [s["min"], s["max"]]
-
-
-def percentile(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
 # 1 and 2: throughput ------------------------------------------------------------------------------
