@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.common import missing_fields
 from tests.conftest import TINY_NAME
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -57,7 +58,7 @@ def _run(name: str, args: list[str], env: dict[str, str] | None = None, timeout_
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert lines, f"bench/{name}.py --smoke printed nothing:\n{tail}"
     result = json.loads(lines[-1])
-    missing = [field for field in _fields(name) if field not in result]
+    missing = missing_fields(result, _fields(name))
     assert not missing, f"bench/{name}.py --smoke lacks {missing} in its JSON line:\n{lines[-1]}"
     machine = result["machine"]
     assert machine["cpu"] and machine["isa"] and machine["cores"] >= 1, machine
