@@ -3,15 +3,17 @@ of simulated feedback, against the base model and a no-learning control.
 
     deploy/local/env.sh .venv/bin/python bench/learning.py [--preferences all|shorter,numbers,...]
         [--events 500] [--rounds 5] [--kind thumbs] [--eval-samples 4] [--control shuffled|lr0|none]
-        [--config deploy/local/demo.yaml] [--set trainer.beta=0.1 ...] [--bootstrap HOST:PORT]
+        [--config deploy/local/demo.yaml] [--anchors short|neutral] [--set trainer.beta=0.1 ...]
+        [--bootstrap HOST:PORT]
         [--record DIR] [--smoke]
 
 On a real Kafka broker (started for the run unless `--bootstrap`), a real MLflow store and a local Ray
-runtime, with the trainer settings of `--config` (the demo's by default, with its cold-start anchors)
-changed by `--set`: per preference, users with that taste (32 users, 10 % silent, 10 % of the
-feedback flipped) ask the suite's training prompts of its topics and send `--events` feedback events
-through the bus, the real joiner and trainer learn in `--rounds` rounds, and every published version
-answers the next round and is measured on the held-out prompts (online_rl/simulate/learning.py). The
+runtime, with the trainer settings of `--config` (the demo's by default, with its cold-start anchors,
+`--anchors` picking the set: online_rl/demo/anchors.py) changed by `--set`: per preference, users
+with that taste (32 users, 10 % silent, 10 % of the feedback flipped) ask the suite's training
+prompts of its topics and send `--events` feedback events through the bus, the real joiner and
+trainer learn in `--rounds` rounds, and every published version answers the next round and is
+measured on the held-out prompts (online_rl/simulate/learning.py). The
 baseline is the base model measured the same way, and the control one run of the same loop without
 the signal, whose final version is measured on every preference's held-out prompts with the same
 seeds: `--control shuffled` (the default) trains on the labels of the suite's first preference
@@ -69,7 +71,8 @@ def overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def bench_settings(config: Path, bootstrap: str, work: Path, changes: dict[str, dict[str, Any]]) -> Settings:
+def bench_settings(config: Path, bootstrap: str, work: Path, changes: dict[str, dict[str, Any]],
+                   anchors: str = "short") -> Settings:
     """The config's settings on this run's broker and MLflow store, the cold-start anchors written
     where the config asks for them (as make demo does), the join window short (feedback comes at once)."""
     from online_rl.demo.anchors import write_cold_start
@@ -83,7 +86,7 @@ def bench_settings(config: Path, bootstrap: str, work: Path, changes: dict[str, 
     }
     trainer: dict[str, Any] = {"batch_timeout_s": 2.0}
     if base.trainer.cold_start_weight > 0 and base.trainer.cold_start is None:
-        trainer["cold_start"] = write_cold_start(base, work / "cold-start.jsonl")
+        trainer["cold_start"] = write_cold_start(base, work / "cold-start.jsonl", anchors)  # type: ignore[arg-type]
     update["trainer"] = base.trainer.model_copy(update=trainer)
     settings = base.model_copy(update=update)
     for section, fields in changes.items():
@@ -108,6 +111,9 @@ def main() -> None:
                         help="shuffled: one run that trains on labels shuffled across answers (the same "
                              "steps, anchors and learning rate, no signal); lr0: one run at learning rate 0")
     parser.add_argument("--config", type=Path, default=ROOT / "deploy" / "local" / "demo.yaml")
+    parser.add_argument("--anchors", choices=["short", "neutral"], default="short",
+                        help="the cold-start set written when the config asks for one "
+                             "(online_rl/demo/anchors.py)")
     parser.add_argument("--set", dest="changes", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine", default="transformers", help="the serving engine that answers")
@@ -134,10 +140,11 @@ def main() -> None:
     work = Path("/tmp") / f"orl-bench-learning-{uuid.uuid4().hex[:8]}"
     work.mkdir(parents=True)
     with kafka_broker(args.bootstrap) as bootstrap:
-        settings = bench_settings(args.config, bootstrap, work, changes)
+        settings = bench_settings(args.config, bootstrap, work, changes, args.anchors)
         lab = Lab(settings, engine=args.engine)
         try:
-            record = Record(args.record, fingerprint(settings, config, args.control, args.engine))
+            record = Record(args.record, fingerprint(settings, config, args.control, args.engine),
+                            base_fingerprint(settings, config, args.engine))
             result = run_suite(lab, entries, config, args.control, print, record)
         finally:
             lab.close()
@@ -151,6 +158,7 @@ def main() -> None:
         if args.config.is_relative_to(ROOT)
         else str(args.config),
         "set": args.changes,
+        "anchors": args.anchors,
         "seed": args.seed,
         "duration_s": round(time.monotonic() - began, 1),
     }
@@ -161,16 +169,22 @@ def main() -> None:
 class Record:
     """The finished parts of a bench run (base, each preference's run, the control), kept in
     DIR/results.jsonl under the run's fingerprint, with the control's adapter: a run longer than one
-    sitting continues where it stopped (`--record DIR`). Without a folder nothing is kept."""
+    sitting continues where it stopped (`--record DIR`). The base model's parts are kept under
+    `base_key` (what they depend on: the model, the traffic and the engine, not the trainer's
+    settings), so every study of settings in one folder shares one base measurement. Without a
+    folder nothing is kept."""
 
-    def __init__(self, folder: Path | None, key: str) -> None:
-        self.folder, self.key = folder, key
+    def __init__(self, folder: Path | None, key: str, base_key: str | None = None) -> None:
+        self.folder, self.key, self.base_key = folder, key, base_key or key
         self.parts: dict[tuple[str, str], Any] = {}
         if folder is not None and (folder / "results.jsonl").exists():
             for line in (folder / "results.jsonl").read_text().splitlines():
                 item = json.loads(line)
-                if item.get("key") == key:
+                if item.get("key") == self._key(item["part"], item["name"]):
                     self.parts[(item["part"], item["name"])] = item["data"]
+
+    def _key(self, part: str, name: str) -> str:
+        return self.base_key if part == "base" or (part, name) == ("ability", "base") else self.key
 
     def get(self, part: str, name: str) -> Any:
         return self.parts.get((part, name))
@@ -180,7 +194,8 @@ class Record:
         if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
             with (self.folder / "results.jsonl").open("a") as out:
-                out.write(json.dumps({"key": self.key, "part": part, "name": name, "data": data}) + "\n")
+                out.write(json.dumps({"key": self._key(part, name), "part": part, "name": name,
+                                      "data": data}) + "\n")
 
     @property
     def control_adapter(self) -> Path | None:
@@ -205,6 +220,14 @@ def fingerprint(settings: Any, config: LearnConfig, control: str, engine: str) -
         "engine": engine,
         "precision": resolve_precision(settings.trainer.precision, log_choice=False).precision,
     }
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def base_fingerprint(settings: Any, config: LearnConfig, engine: str) -> str:
+    """What the base model's measurement depends on: the model, the evaluation's sampling and seeds,
+    and the serving engine."""
+    described = {"model": settings.model.name, "engine": engine, "eval_samples": config.eval_samples,
+                 "seed": config.seed, "temperature": config.temperature, "max_tokens": config.max_tokens}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

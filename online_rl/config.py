@@ -296,6 +296,17 @@ class TrainerConfig(BaseModel):
     cold_start_weight: float = Field(
         default=0.1, ge=0.0, lt=1.0, description="Share of each batch drawn from `cold_start` (0 to <1)."
     )
+    cold_start_loss: Literal["label", "kl"] = Field(
+        default="label",
+        description="How the cold-start samples act. label: trained as the feedback they carry (a thumbs-up "
+        "as desirable, a pair as preferred), which pulls towards their form. kl: not trained on; at every "
+        "answer position the policy's next-token distribution is held to the reference's (the `kl_anchor`) "
+        "by cold_start_kl_coef * the mean KL(reference || policy) per token, which leans towards no taste.",
+    )
+    cold_start_kl_coef: float = Field(
+        default=4.0, ge=0.0, le=1000.0,
+        description="Weight of the cold-start KL term (cold_start_loss: kl) against the preference loss.",
+    )
     workers: int = Field(
         default=1, ge=1, le=256,
         description="Data-parallel policy workers (Ray actors); each trains a share of every batch and "

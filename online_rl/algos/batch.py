@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from online_rl.algos.anchor import token_kl
 from online_rl.algos.config import DPOConfig, KTOConfig, RewardModelConfig
 from online_rl.algos.dpo import PreferenceLoss, dpo_loss
 from online_rl.algos.kto import KTOLoss, kto_loss, kto_reference_point, mismatched_pairs
@@ -23,6 +25,7 @@ from online_rl.algos.logprobs import (
     PolicyOutput,
     Sample,
     forward,
+    next_token_logprobs,
     pack,
     reference_policy,
 )
@@ -30,8 +33,10 @@ from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_lo
 from online_rl.hardware import Precision
 
 __all__ = [
+    "AnchorKL",
     "Precision",
     "TokenIds",
+    "anchor_kl_batch_loss",
     "autocast",
     "dpo_batch_loss",
     "implicit_rewards",
@@ -107,6 +112,26 @@ def kto_batch_loss(model: Any, samples: Sequence[tuple[TokenIds, TokenIds, bool]
     reference_point = kto_reference_point(policy[1::2].detach(), ref[1::2], mean)
     desirable = torch.tensor([up for _, _, up in samples], dtype=torch.bool, device=policy.device)
     return kto_loss(policy[0::2], ref[0::2], desirable, reference_point, config)
+
+
+@dataclass(frozen=True)
+class AnchorKL:
+    total: torch.Tensor  # the sum over every anchor token of KL(reference || policy), differentiable
+    tokens: int  # how many anchor tokens it sums over
+
+
+def anchor_kl_batch_loss(model: Any, anchors: Sequence[tuple[TokenIds, TokenIds]],
+                         precision: Precision = "fp32", reference: str | None = None) -> AnchorKL:
+    """KL(reference || policy) of the next-token distributions at every answer position of the
+    (prompt, answer) `anchors` (`online_rl.algos.anchor`), summed; the caller divides by the whole
+    batch's anchor tokens (data-parallel shards each hold a part)."""
+    batch = pack([Sample(prompt, (answer,)) for prompt, answer in anchors])
+    batch = batch.to(next(model.parameters()).device)
+    with torch.no_grad(), reference_policy(model, reference), autocast(precision, _device(model)):
+        ref = next_token_logprobs(model, batch)
+    with autocast(precision, _device(model)):
+        policy = next_token_logprobs(model, batch)
+    return AnchorKL(token_kl(policy, ref).sum(), int(batch.targets.numel()))
 
 
 def implicit_rewards(model: Any, pairs: Sequence[tuple[TokenIds, TokenIds, TokenIds]],

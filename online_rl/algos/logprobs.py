@@ -32,6 +32,7 @@ __all__ = [
     "completion_logprobs",
     "forward",
     "hidden_states",
+    "next_token_logprobs",
     "pack",
     "reference_adapter_disabled",
     "reference_policy",
@@ -231,6 +232,14 @@ def forward(model: Any, batch: PackedBatch, with_entropy: bool = False) -> Polic
     if with_entropy:
         entropy = normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return PolicyOutput(token_logprobs, batch.per_completion(token_logprobs), hidden, entropy)
+
+
+def next_token_logprobs(model: Any, batch: PackedBatch) -> torch.Tensor:
+    """The full next-token distribution (float32 log-softmax over the vocabulary) at every position that
+    predicts a completion token, in completion order: (targets, vocabulary)."""
+    batch = batch.to(causal_lm(model).device)
+    hidden = hidden_states(model, batch)[batch.predict_at]
+    return torch.log_softmax(causal_lm(model).lm_head(hidden).float(), dim=-1)
 
 
 @contextmanager

@@ -47,7 +47,7 @@ from online_rl.trainer.checkpoint import Checkpoint, CheckpointAhead, Checkpoint
 from online_rl.trainer.evaluation import EvalSet, eval_gain
 from online_rl.trainer.metrics import TrainerMetrics
 from online_rl.trainer.ppo import advantages_for, ppo_config
-from online_rl.trainer.samples import Routed, held_out, load_cold_start, route
+from online_rl.trainer.samples import Routed, anchor_sequences, held_out, load_cold_start, route
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -171,7 +171,8 @@ class Trainer:
         self.cold_start: list[TrainingSample] = []
         if self.config.cold_start is not None and self.config.cold_start_weight > 0:
             self.cold_start = load_cold_start(self.config.cold_start, self.config.algorithm,
-                                              self.settings.model.name, self.context)
+                                              self.settings.model.name, self.context,
+                                              as_anchors=self.config.cold_start_loss == "kl")
             self.cold_start_sha256 = file_sha256(self.config.cold_start)
         self.anchor_version: str | None = None
         self.kl_anchor = "base"
@@ -321,7 +322,13 @@ class Trainer:
     def _score(self, items: list[TrainingSample], records: list[Any],
                dead: DeadLetters) -> tuple[Routed, Routed]:
         """(to train, held out for evaluation); unusable samples are dead-lettered."""
+        anchors: list[TrainingSample] = []
+        if self.config.cold_start_loss == "kl":  # cold-start items (no record) only hold the KL term
+            anchors = [s for s, r in zip(items, records, strict=True) if r is None]
+            items, records = ([s for s, r in zip(items, records, strict=True) if r is not None],
+                              [r for r in records if r is not None])
         routed = route(items, self.config.algorithm, self.settings.model.name, self.context)
+        routed.anchors = anchor_sequences(anchors)
         live_held = {s.sample_id for s, r in zip(items, records, strict=True)
                      if r is not None and held_out(s.sample_id, self.config.eval_holdout)}
         if routed.unusable:
@@ -490,6 +497,7 @@ class Trainer:
         if not self.cold_start:
             return None
         return {"sha256": self.cold_start_sha256, "weight": self.config.cold_start_weight,
+                "loss": self.config.cold_start_loss, "kl_coef": self.config.cold_start_kl_coef,
                 "file_samples": len(self.cold_start), "mixed_in": state.cold_since_publish}
 
 

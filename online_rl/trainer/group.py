@@ -230,4 +230,7 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
                         ("kto_loss", thumbs), ("kto_reward", thumbs), ("kto_kl", thumbs)):
         if count:
             merged[name] = sum(p.get(name, 0.0) for p in parts) / count
+    anchor_tokens = sum(p.get("anchor_tokens", 0) for p in parts)
+    if anchor_tokens:  # the cold-start KL term: mean KL(reference || policy) per anchor token
+        merged["anchor_kl"] = sum(p.get("anchor_kl", 0.0) for p in parts) / anchor_tokens
     return merged

@@ -21,10 +21,12 @@ from online_rl.algos import mismatched_pairs
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
 
-__all__ = ["Algorithm", "Rollout", "Routed", "Shard", "held_out", "load_cold_start", "route", "shard"]
+__all__ = ["Algorithm", "Anchor", "Rollout", "Routed", "Shard", "anchor_sequences", "held_out",
+           "load_cold_start", "route", "shard"]
 
 Pair = tuple[list[int], list[int], list[int]]
 Thumb = tuple[list[int], list[int], bool]
+Anchor = tuple[list[int], list[int]]  # (prompt, answer) the policy is held to the reference on
 # (prompt, completion, the serving policy's log-probs of the completion or None, reward in [0, 1])
 Rollout = tuple[list[int], list[int], list[float] | None, float]
 Algorithm = Literal["auto", "dpo", "kto", "ppo"]
@@ -39,6 +41,7 @@ class Routed:
     thumb_ids: list[str] = field(default_factory=list)  # ... and to `thumbs`
     rollouts: list[Rollout] = field(default_factory=list)
     rollout_ids: list[str] = field(default_factory=list)
+    anchors: list[Anchor] = field(default_factory=list)  # cold-start texts for the KL term, not trained on
     skipped: int = 0
     unusable: list[tuple[TrainingSample, str]] = field(default_factory=list)
     behaviour_versions: set[str] = field(default_factory=set)
@@ -64,6 +67,7 @@ class Routed:
             target.thumbs.append(thumb)
             target.thumb_ids.append(sample_id)
         kept.rollouts, kept.rollout_ids = self.rollouts, self.rollout_ids  # PPO is judged by its reward
+        kept.anchors = self.anchors
         return kept, held
 
     @property
@@ -145,6 +149,8 @@ class Shard:
     rollout_index: list[int] = field(default_factory=list)  # each rollout's place in the whole batch
     total_rollouts: int = 0
     total_rollout_tokens: int = 0
+    anchors: list[Anchor] = field(default_factory=list)
+    total_anchor_tokens: int = 0  # answer tokens of the whole batch's anchors (the KL term's mean)
 
     @property
     def total(self) -> int:
@@ -161,8 +167,8 @@ def held_out(sample_id: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def _tokens(sample: Pair | Thumb | Rollout) -> int:
-    if len(sample) == 4:  # a rollout: prompt and completion
+def _tokens(sample: Pair | Thumb | Rollout | Anchor) -> int:
+    if len(sample) in (2, 4):  # an anchor or a rollout: prompt and completion
         return len(sample[0]) + len(sample[1])
     prompt, first, second = sample[:3]
     return len(prompt) + len(first) + (len(second) if isinstance(second, list) else 0)
@@ -176,17 +182,21 @@ def shard(routed: Routed, workers: int) -> list[Shard]:
                   if len(routed.thumbs) >= 2 else None)
     shards = [Shard(partners=[] if partner_of is not None else None, total_pairs=len(routed.pairs),
                     total_thumbs=len(routed.thumbs), total_rollouts=len(routed.rollouts),
-                    total_rollout_tokens=sum(len(r[1]) for r in routed.rollouts)) for _ in range(workers)]
+                    total_rollout_tokens=sum(len(r[1]) for r in routed.rollouts),
+                    total_anchor_tokens=sum(len(a[1]) for a in routed.anchors)) for _ in range(workers)]
     load = [0] * workers
     work: list[tuple[int, str, int]] = [(_tokens(p), "pair", i) for i, p in enumerate(routed.pairs)]
     work += [(_tokens(t), "thumb", i) for i, t in enumerate(routed.thumbs)]
     work += [(_tokens(r), "rollout", i) for i, r in enumerate(routed.rollouts)]
+    work += [(_tokens(a), "anchor", i) for i, a in enumerate(routed.anchors)]
     for tokens, kind, index in sorted(work, key=lambda w: (-w[0], w[1], w[2])):
         target = min(range(workers), key=lambda w: (load[w], w))
         load[target] += tokens
         if kind == "rollout":
             shards[target].rollouts.append(routed.rollouts[index])
             shards[target].rollout_index.append(index)
+        elif kind == "anchor":
+            shards[target].anchors.append(routed.anchors[index])
         elif kind == "pair":
             shards[target].pairs.append(routed.pairs[index])
         else:
@@ -201,10 +211,22 @@ def _to_ppo(sample: TrainingSample, algorithm: Algorithm) -> bool:
     return algorithm == "ppo" or (algorithm == "auto" and kind in GRADED)
 
 
+def anchor_sequences(samples: Sequence[TrainingSample]) -> list[Anchor]:
+    """Every (prompt, answer) of `samples` (both answers of a pair), whatever their feedback: the texts
+    the KL term holds the policy to the reference on (`trainer.cold_start_loss: kl`)."""
+    out: list[Anchor] = []
+    for sample in samples:
+        answers = [sample.chosen, sample.rejected] if sample.kind == "pair" else [sample.completion]
+        out.extend((list(sample.prompt_token_ids), list(a.token_ids)) for a in answers if a is not None)
+    return out
+
+
 def load_cold_start(path: Path, algorithm: Algorithm, base_model: str,
-                    max_tokens: int) -> list[TrainingSample]:
+                    max_tokens: int, as_anchors: bool = False) -> list[TrainingSample]:
     """The cold-start samples of a JSONL file (one TrainingSample JSON object per line), every one
-    checked up front: a bad line is a configuration error naming the line, not a crash mid-training."""
+    checked up front: a bad line is a configuration error naming the line, not a crash mid-training.
+    `as_anchors`: the samples are KL anchors, so any sample with answer tokens will do, whatever the
+    algorithm trains."""
     if not path.is_file():
         raise ConfigError(f"trainer.cold_start={path} does not exist: give a JSONL file of training "
                           "samples, or leave trainer.cold_start empty")
@@ -223,7 +245,7 @@ def load_cold_start(path: Path, algorithm: Algorithm, base_model: str,
     if routed.unusable:
         sample, reason = routed.unusable[0]
         raise ConfigError(f"trainer.cold_start={path}: sample {sample.sample_id} cannot be trained: {reason}")
-    if not routed.trained:
+    if not routed.trained and not as_anchors:
         raise ConfigError(f"trainer.cold_start={path} has no sample that trainer.algorithm={algorithm} "
                           "trains (pairs for dpo, labelled singles for kto, rewarded singles for ppo)")
     return samples

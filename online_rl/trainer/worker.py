@@ -29,6 +29,7 @@ from online_rl.algos import (
     policy_loss,
 )
 from online_rl.algos.batch import (
+    anchor_kl_batch_loss,
     autocast,
     dpo_batch_loss,
     implicit_rewards,
@@ -67,6 +68,7 @@ class PolicyWorker:
         self.dpo = DPOConfig(beta=config["beta"])
         self.kto = KTOConfig(beta=config["beta"])
         self.ppo = ppo_config(config)
+        self.anchor_kl_coef = float(config.get("cold_start_kl_coef", 0.0))
         self.max_tokens = int(base.config.max_position_embeddings)
         self.device = device
         self.world = 1
@@ -116,6 +118,10 @@ class PolicyWorker:
             count = len(shard.thumbs)
             sums.update(kto_loss=kto.loss.item() * count, kto_reward=kto.rewards.mean().item() * count,
                         kto_kl=kto.reference_point.item() * count)
+        if shard.anchors:  # the cold-start KL term: this shard's share of the whole batch's per-token mean
+            held = anchor_kl_batch_loss(self.policy, shard.anchors, self.precision, self.anchor)
+            loss = loss + held.total * (self.anchor_kl_coef / shard.total_anchor_tokens)
+            sums.update(anchor_kl=held.total.item(), anchor_tokens=held.tokens)
         if loss.requires_grad:
             loss.backward()
         grad_norm = self._reduce_gradients()
@@ -123,7 +129,8 @@ class PolicyWorker:
         self.optimizer.zero_grad(set_to_none=True)
         sums.update(loss=loss.item(), grad_norm=grad_norm, step_s=time.perf_counter() - start,
                     tokens=sum(len(p) + len(c) + len(r) for p, c, r in shard.pairs)
-                    + sum(len(p) + len(c) for p, c, _ in shard.thumbs))
+                    + sum(len(p) + len(c) for p, c, _ in shard.thumbs)
+                    + sum(len(p) + len(c) for p, c in shard.anchors))
         return sums
 
     def _thumbs_mean(self, total: int) -> Any:

@@ -9,7 +9,7 @@ import pytest
 
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
-from online_rl.trainer.samples import load_cold_start, route
+from online_rl.trainer.samples import anchor_sequences, load_cold_start, route, shard
 from tests.conftest import TINY_NAME
 from tests.trainer.test_trainer import _pair, _single
 
@@ -46,3 +46,22 @@ def test_a_cold_start_file_is_loaded_and_checked_line_by_line(tmp_path: Path) ->
                         TINY_NAME, 2048)
     with pytest.raises(ConfigError, match=r"has no sample that trainer\.algorithm=dpo trains"):
         load_cold_start(_write(tmp_path / "thumbs.jsonl", good), "dpo", TINY_NAME, 2048)
+    # as KL anchors any sample with answer tokens will do, whatever the algorithm trains
+    assert len(load_cold_start(_write(tmp_path / "anchors.jsonl", good), "dpo", TINY_NAME, 2048,
+                               as_anchors=True)) == 3
+
+
+def test_anchors_are_every_answer_of_the_cold_start_samples_and_are_split_over_the_workers() -> None:
+    pair, thumb = _pair(0, random.Random(0)), _thumb(1, False)
+    anchors = anchor_sequences([pair, thumb])
+    assert pair.chosen is not None and pair.rejected is not None and thumb.completion is not None
+    assert anchors == [(pair.prompt_token_ids, pair.chosen.token_ids),
+                       (pair.prompt_token_ids, pair.rejected.token_ids),
+                       (thumb.prompt_token_ids, thumb.completion.token_ids)]  # a thumb-down too: no label
+    routed = route([_pair(2, random.Random(2))], "auto", TINY_NAME, 2048)
+    routed.anchors = anchors
+    kept, held = routed.split(lambda sample_id: True)
+    assert kept.anchors == anchors and not held.anchors and routed.trained == 1  # anchors are not trained
+    shards = shard(routed, 2)
+    assert sorted(a for s in shards for a in s.anchors) == sorted(anchors)
+    assert all(s.total_anchor_tokens == sum(len(a) for _, a in anchors) for s in shards)

@@ -220,8 +220,9 @@ def test_a_restart_before_the_commit_trains_nothing_twice(settings: Settings, ra
     recreated.close()
 
 
+@pytest.mark.parametrize("loss", ["label", "kl"])
 def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
-    settings: Settings, ray_runtime: None, tmp_path: Path
+    settings: Settings, ray_runtime: None, tmp_path: Path, loss: str
 ) -> None:
     from online_rl.registry import file_sha256
     from online_rl.tracking import mlflow_client
@@ -230,25 +231,33 @@ def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
     cold = tmp_path / "cold.jsonl"
     cold.write_text("".join(_thumb(100 + i, i % 2 == 0).model_dump_json() + "\n" for i in range(4)))
     settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={
-        "cold_start": cold, "cold_start_weight": 0.25, "batch_size": 4, "publish_every_samples": 10})})
+        "cold_start": cold, "cold_start_weight": 0.25, "batch_size": 4, "cold_start_loss": loss,
+        "publish_every_samples": 10 if loss == "label" else 8})})
     bus, topics = _kafka_topics(settings, partitions=1)
     producer = bus.producer()
     rng = random.Random(4)
     send(producer, topics.samples, [_pair(i, rng) for i in range(8)])
     trainer = Trainer(settings, bus)
     state = trainer.run(idle_exit_s=3.0)
-    # one cold-start thumb for every three live pairs: 8 live + 2 cold, all in one version
-    assert state.samples == 10 and [v.version for v in trainer.published] == ["1"]
+    # one cold-start thumb for every three live pairs: 8 live + 2 cold (trained with "label"; with "kl"
+    # only held to the reference, so not counted as trained), all in one version
+    assert state.samples == (10 if loss == "label" else 8) and [v.version for v in trainer.published] == ["1"]
     client = mlflow_client(settings)
     import mlflow
 
     manifest = read_lineage(Path(mlflow.artifacts.download_artifacts("models:/policy/1",
                                                                      dst_path=str(tmp_path / "v1"))))
     assert manifest.cold_start == {"sha256": file_sha256(cold), "weight": 0.25, "file_samples": 4,
-                                   "mixed_in": 2}
+                                   "mixed_in": 2, "loss": loss, "kl_coef": 4.0}
     assert manifest.offsets == {topics.samples: {"0": [0, 8]}} and manifest.kl_anchor == "base"
     run_id = client.get_model_version("policy", "1").run_id
-    assert client.get_metric_history(run_id, "kto_loss")  # the cold thumbs were trained by KTO
+    if loss == "label":
+        assert client.get_metric_history(run_id, "kto_loss")  # the cold thumbs were trained by KTO
+        assert not client.get_metric_history(run_id, "anchor_kl")
+    else:  # not trained as thumbs: they hold the KL term, which is 0 until the adapter moves, then grows
+        assert not client.get_metric_history(run_id, "kto_loss")
+        held = [m.value for m in sorted(client.get_metric_history(run_id, "anchor_kl"), key=lambda m: m.step)]
+        assert len(held) == 2 and held[0] < 1e-6 < held[1], held
     assert client.get_run(run_id).data.params["cold_start_weight"] == "0.25"
     bus.close()
 

@@ -1,0 +1,27 @@
+"""A neutral defence against forgetting: hold the policy's next-token distributions to the reference's.
+
+On anchor texts (general prompts and the base model's own answers to them) the policy should stay what
+the reference is, whatever the users teach elsewhere. Unlike training the anchors as thumbs-up (which
+pulls towards their form: short answers when they are short), the term below leans towards no taste:
+at every anchor position it is the full-vocabulary KL(reference || policy), zero where the policy is
+unchanged and growing quadratically with the change, so small moves cost little and a rewrite of what
+the model knows costs much. Pure functions on log-probabilities.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["token_kl"]
+
+
+def token_kl(policy_logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(reference || policy) at each position: sum over the vocabulary of
+    p_ref * (log p_ref - log p_policy), from (positions, vocabulary) log-probabilities. Differentiable in
+    the policy's; the reference's should carry no gradient."""
+    if policy_logprobs.shape != reference_logprobs.shape:
+        raise ValueError(f"policy log-probs {tuple(policy_logprobs.shape)} and reference log-probs "
+                         f"{tuple(reference_logprobs.shape)} differ in shape: give both at the same "
+                         "positions")
+    reference = reference_logprobs.float()
+    return (reference.exp() * (reference - policy_logprobs.float())).sum(-1)
