@@ -258,16 +258,25 @@ def encode(event: _Event) -> bytes:
 
 
 def decode(data: bytes, expected: type[E]) -> E:
-    """Decode wire bytes into an event of type `expected`, or raise a `DecodeError`."""
+    """Decode wire bytes into an event of type `expected`, or raise a `DecodeError`: whatever the bytes,
+    nothing else (a consumer dead-letters a `DecodeError` and moves on)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise MalformedRecord(f"a record value must be bytes, not {type(data).__name__}")
+    data = bytes(data)
     if not data or data[:1] != _WIRE_FORMAT:
         raise MalformedRecord(f"unknown wire format byte {data[:1]!r} (expected {_WIRE_FORMAT!r})")
     try:
         body = _decoder.decode(data[1:])
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError, MemoryError, ValueError, TypeError) as exc:
         raise MalformedRecord(f"not MessagePack: {exc}") from exc
+    if not isinstance(body, dict):
+        raise MalformedRecord(f"a record must be a map of fields, not a {type(body).__name__}")
+    if not all(isinstance(key, str) for key in body):
+        key = next(k for k in body if not isinstance(k, str))
+        raise MalformedRecord(f"field names must be strings, not {type(key).__name__} {str(key)[:40]!r}")
     kind = body.pop("type", None)
-    if _TYPES.get(kind) is not expected:
-        raise MalformedRecord(f"record type {kind!r} is not {_NAMES[expected]!r}")
+    if not isinstance(kind, str) or _TYPES.get(kind) is not expected:
+        raise MalformedRecord(f"record type {str(kind)[:80]!r} is not {_NAMES[expected]!r}")
     version = body.get("schema_version")
     if isinstance(version, int) and version > SCHEMA_VERSION:
         raise UnsupportedSchemaVersion(
@@ -277,9 +286,10 @@ def decode(data: bytes, expected: type[E]) -> E:
     try:
         _pack_floats(body, pack=False)
         return expected.model_validate(body)
-    except (ValidationError, ValueError) as exc:
+    except (ValidationError, ValueError, TypeError, AttributeError, KeyError, OverflowError,
+            RecursionError) as exc:
         if not isinstance(exc, ValidationError):
-            raise MalformedRecord(f"invalid {_NAMES[expected]}: {exc}") from exc
+            raise MalformedRecord(f"invalid {_NAMES[expected]}: {type(exc).__name__}: {str(exc)[:200]}") from exc
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "(record)"
         raise MalformedRecord(f"invalid {_NAMES[expected]}: {field}: {first['msg']}") from exc

@@ -88,3 +88,61 @@ def test_feedback_validation_names_the_problem(fields: dict[str, object], messag
 
 def test_feedback_kinds_are_the_contract() -> None:
     assert {k.value for k in FeedbackKind} == {"thumbs", "rating", "scalar", "preference", "implicit"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"type": []}, {"type": {"a": 1}}, {1: "feedback"}, ["feedback"], 7, None,
+     {"type": "feedback", "nested": {2: b"x"}}, {"type": "interaction", "completion_logprobs": b"abc"}],
+)
+def test_poison_records_are_typed_errors_not_crashes(body: object) -> None:
+    """Bodies that once escaped as TypeError / AttributeError and crash-looped the joiner (issue 23)."""
+    for kind in (Interaction, Feedback, TrainingSample):
+        with pytest.raises(MalformedRecord):
+            decode(b"\x01" + msgspec.msgpack.encode(body), kind)
+
+
+def _values() -> object:
+    from hypothesis import strategies as st
+
+    leaves = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=20)
+              | st.binary(max_size=20))
+    return st.recursive(leaves, lambda inner: st.lists(inner, max_size=4)
+                        | st.dictionaries(st.text(max_size=8) | st.integers(-2**63, 2**64 - 1), inner, max_size=4),
+                        max_leaves=12)
+
+
+def test_any_bytes_decode_to_an_event_or_a_typed_error() -> None:
+    """Arbitrary MessagePack bodies, valid events with one field replaced by anything, and raw bytes:
+    `decode` returns an event or raises a `DecodeError`, never anything else."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from online_rl.events import DecodeError
+
+    valid = [msgspec.msgpack.decode(encode(e)[1:]) for e in (interaction("r1"), thumbs("r1", up=True),
+                                                            rating("r1", 4.0), preference("a", "b"))]
+    fields = sorted({k for body in valid for k in body})
+
+    def check(data: bytes) -> None:
+        for kind in (Interaction, Feedback, TrainingSample):
+            try:
+                decode(data, kind)
+            except DecodeError:
+                pass
+
+    @settings(max_examples=400, deadline=None, database=None)
+    @given(st.data())
+    def run(data: st.DataObject) -> None:
+        choice = data.draw(st.sampled_from(["any", "mutated", "raw"]))
+        if choice == "raw":
+            check(data.draw(st.binary(max_size=64)))
+            return
+        if choice == "any":
+            body = data.draw(_values())  # type: ignore[arg-type]
+        else:
+            body = dict(data.draw(st.sampled_from(valid)))
+            body[data.draw(st.sampled_from(fields))] = data.draw(_values())  # type: ignore[arg-type]
+        check(b"\x01" + msgspec.msgpack.encode(body))
+
+    run()

@@ -65,4 +65,8 @@ def decode_or_dead_letter(
             out.append((record, decode(record.value, expected)))
         except DecodeError as exc:
             dead.send(record, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a decoder bug must not crash-loop the consumer on one record
+            logger.exception("decoding %s[%d]@%d raised %s", record.topic, record.partition, record.offset,
+                             type(exc).__name__)
+            dead.send(record, f"undecodable ({type(exc).__name__}: {str(exc)[:200]})")
     return out

@@ -6,6 +6,7 @@ import time
 import uuid
 from collections import Counter
 
+import msgspec
 import pytest
 
 from online_rl.bus import Bus, Topics, ensure_topics
@@ -45,6 +46,9 @@ def test_joiner_restart_mid_window_joins_everything_exactly_once(make_bus: BusFa
         producer.produce(FEEDBACK, encode(thumbs(f"r{i}", up=True, created_at=1005.0 + i)), f"r{i}".encode())
     producer.produce(FEEDBACK, encode(preference("r1", "r3")), b"r1")
     producer.produce(FEEDBACK, b"\x01not an event", b"r5")
+    # poison that once escaped the decoder as TypeError / AttributeError and crash-looped the joiner
+    producer.produce(FEEDBACK, b"\x01" + msgspec.msgpack.encode({"type": []}), b"r5")
+    producer.produce(INTERACTIONS, b"\x01" + msgspec.msgpack.encode({1: "interaction"}), b"r6")
     producer.flush()
 
     first = Joiner(bus, config, transactional_id="joiner-test", clock=lambda: now[0],
@@ -74,6 +78,8 @@ def test_joiner_restart_mid_window_joins_everything_exactly_once(make_bus: BusFa
     assert sum(1 for s in samples if s.kind == "pair") == 1
     assert second.state.stats["duplicate_feedback"] == 1
     assert second.state.stats["late_feedback"] == 1
+    reasons = sorted(dict(r.headers)["reason"].decode() for r in bus.read_all(topics.dlq))
+    assert len(reasons) == 3 and all(r.startswith("MalformedRecord: ") for r in reasons), reasons
 
 
 def test_a_backlog_is_joined_without_declaring_unread_feedback_late(make_bus: BusFactory) -> None:

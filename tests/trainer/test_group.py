@@ -17,12 +17,13 @@ from tests.conftest import TINY_NAME
 pytestmark = pytest.mark.slow
 
 
-def _routed(rng: random.Random, pairs: int, thumbs: int) -> Routed:
+def _routed(rng: random.Random, pairs: int, thumbs: int, anchors: int = 0) -> Routed:
     def ids(low: int, high: int) -> list[int]:
         return [rng.randrange(100, 5000) for _ in range(rng.randint(low, high))]
 
     return Routed(pairs=[(ids(2, 9), ids(1, 6), ids(1, 6)) for _ in range(pairs)],
-                  thumbs=[(ids(2, 9), ids(1, 6), rng.random() < 0.5) for _ in range(thumbs)])
+                  thumbs=[(ids(2, 9), ids(1, 6), rng.random() < 0.5) for _ in range(thumbs)],
+                  anchors=[(ids(2, 9), ids(1, 6)) for _ in range(anchors)])
 
 
 def test_shards_hold_every_sample_once_with_partners_from_the_whole_batch() -> None:
@@ -62,8 +63,10 @@ def test_two_workers_train_the_same_adapter_as_one(tiny_model: Path, ray_runtime
     settings = Settings(model={"name": TINY_NAME, "path": tiny_model},  # type: ignore[arg-type]
                         trainer={"precision": precision})  # type: ignore[arg-type]
     rng = random.Random(2)
-    # mixed DPO + KTO, odd counts (one rank gets no thumbs in the third), a lone thumb (z0 = 0)
-    batches = [_routed(rng, 3, 4), _routed(rng, 4, 3), _routed(rng, 2, 1), _routed(rng, 0, 5)]
+    # mixed DPO + KTO, odd counts (one rank gets no thumbs in the third), a lone thumb (z0 = 0); the
+    # cold-start KL term's anchors in two batches, one of them leaving a rank without any
+    batches = [_routed(rng, 3, 4), _routed(rng, 4, 3, anchors=3), _routed(rng, 2, 1, anchors=1),
+               _routed(rng, 0, 5)]
     one_metrics, (one,) = _train(settings, 1, batches)
     two_metrics, (first, second) = _train(settings, 2, batches)
     initial = _train(settings, 1, [])[1][0]
@@ -80,10 +83,11 @@ def test_two_workers_train_the_same_adapter_as_one(tiny_model: Path, ray_runtime
         cosine = torch.nn.functional.cosine_similarity(update_one, update_two, dim=0).item()
         assert cosine > 0.99
     assert any(not torch.equal(one[name], initial[name]) for name in one)  # and it learned something
+    assert one_metrics[1]["anchor_kl"] > 0 and "anchor_kl" not in one_metrics[0]  # the adapter had moved
     rel, abs_ = (1e-3, 1e-4) if precision == "fp32" else (5e-2, 1e-2)  # bf16 log-probs: ~0.01 nats
     for a, b in zip(one_metrics, two_metrics, strict=True):
         assert a.keys() == b.keys()
-        for key in ("loss", "dpo_accuracy", "kto_kl", "grad_norm"):
+        for key in ("loss", "dpo_accuracy", "kto_kl", "grad_norm", "anchor_kl"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=rel, abs=abs_), key
 
