@@ -289,7 +289,8 @@ def decode(data: bytes, expected: type[E]) -> E:
     except (ValidationError, ValueError, TypeError, AttributeError, KeyError, OverflowError,
             RecursionError) as exc:
         if not isinstance(exc, ValidationError):
-            raise MalformedRecord(f"invalid {_NAMES[expected]}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+            problem = f"{type(exc).__name__}: {str(exc)[:200]}"
+            raise MalformedRecord(f"invalid {_NAMES[expected]}: {problem}") from exc
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "(record)"
         raise MalformedRecord(f"invalid {_NAMES[expected]}: {field}: {first['msg']}") from exc
