@@ -111,6 +111,12 @@ class JoinSettings(BaseModel):
         default=None, ge=0, le=1, description="Reward when no feedback came; empty drops the sample."
     )
     retention_s: float = Field(default=600.0, gt=0, description="How long joined requests are kept.")
+    max_clock_skew_s: float = Field(
+        default=60.0, ge=0, le=86400,
+        description="How far ahead of the server's clock an event may be dated: the feedback API refuses "
+        "created_at further ahead (and older than retention_s), the joiner takes such an event as dated "
+        "this far ahead, so one client's clock cannot close other users' windows.",
+    )
 
 
 class FeedbackApiConfig(BaseModel):

@@ -78,6 +78,7 @@ def join_cmd(
         aggregation=join.aggregation,
         default_reward=join.default_reward,
         retention_s=max(join.retention_s, window or join.window_s),
+        max_clock_skew_s=join.max_clock_skew_s,
     )
     joiner = Joiner(bus, config, topics=topics)
     stop = stop_on_signals("the current step")

@@ -281,6 +281,7 @@ class Lab:
                 aggregation=join.aggregation,
                 default_reward=None,
                 retention_s=max(join.retention_s, join.window_s),
+                max_clock_skew_s=join.max_clock_skew_s,
             ),
             group_id=f"learn-join-{tag}",
             transactional_id=f"learn-join-{tag}",

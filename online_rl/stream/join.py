@@ -56,12 +56,19 @@ class JoinConfig:
         metadata={"help": "How long a joined interaction is remembered (late feedback, pairs)."},
     )
     mapping: RewardMapping = field(default_factory=RewardMapping)
+    max_clock_skew_s: float = field(
+        default=60.0,
+        metadata={"help": "An event dated further than this past the joiner's clock is taken as dated "
+                          "then: no client's clock can move the watermark and close other users' windows."},
+    )
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
             raise ConfigError(f"window_s={self.window_s} must be > 0 seconds")
         if self.aggregation not in ("sum", "mean", "earliest", "latest"):
             raise ConfigError(f"aggregation={self.aggregation!r}: use sum, mean, earliest or latest")
+        if not 0 <= self.max_clock_skew_s < float("inf"):
+            raise ConfigError(f"max_clock_skew_s={self.max_clock_skew_s} must be finite seconds >= 0")
         if self.retention_s < self.window_s:
             raise ConfigError("retention_s must be at least window_s")
         if self.default_reward is not None and not 0.0 <= self.default_reward <= 1.0:

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from online_rl.bus import (
     Bus,
@@ -26,6 +27,8 @@ from online_rl.bus import (
 )
 from online_rl.events import Feedback, Interaction, encode
 from online_rl.stream.join import JoinConfig, JoinState
+
+E = TypeVar("E", Interaction, Feedback)
 
 __all__ = ["Joiner", "StepResult"]
 
@@ -90,10 +93,13 @@ class Joiner:
                 (r for r in records if r.topic == self.topics.feedback), Feedback, self._dead
             )
             # Interactions first: feedback in the same batch then finds its interaction.
+            ahead = self._clock() + self.state.config.max_clock_skew_s
             for record, interaction in interactions:
+                interaction = self._bounded(interaction, ahead)
                 self._saw(record.tp, interaction.created_at)
                 samples.extend(self.state.add_interaction(interaction))
             for record, event in feedback:
+                event = self._bounded(event, ahead)
                 self._saw(record.tp, event.created_at)
                 samples.extend(self.state.add_feedback(event))
             samples.extend(self.state.advance(self._advance_watermark(full=len(records) >= max_records)))
@@ -112,6 +118,17 @@ class Joiner:
             self._recover()
             raise
         return StepResult(len(records), len(samples))
+
+    def _bounded(self, event: E, ahead: float) -> E:
+        """`event` dated at most `ahead` (the clock plus the allowed skew): a client's future-dated event
+        must not move the watermark past the clock, which would close every open window at once."""
+        if event.created_at <= ahead:
+            return event
+        self.state.stats["future_dated"] += 1
+        logger.warning("%s dated %.0f s ahead of the clock; taken as dated %.0f s ahead",
+                       type(event).__name__, event.created_at - ahead + self.state.config.max_clock_skew_s,
+                       self.state.config.max_clock_skew_s, extra={"event": "future_dated"})
+        return event.model_copy(update={"created_at": ahead})
 
     def _saw(self, tp: TopicPartition, event_time: float) -> None:
         if event_time > self._event_time.get(tp, float("-inf")):

@@ -170,8 +170,8 @@ def held_out(sample_id: str, fraction: float) -> bool:
 def _tokens(sample: Pair | Thumb | Rollout | Anchor) -> int:
     if len(sample) in (2, 4):  # an anchor or a rollout: prompt and completion
         return len(sample[0]) + len(sample[1])
-    prompt, first, second = sample[:3]
-    return len(prompt) + len(first) + (len(second) if isinstance(second, list) else 0)
+    second = sample[2]  # type: ignore[misc]  # a pair's rejected answer, or a thumb's label
+    return len(sample[0]) + len(sample[1]) + (len(second) if isinstance(second, list) else 0)
 
 
 def shard(routed: Routed, workers: int) -> list[Shard]:

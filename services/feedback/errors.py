@@ -22,9 +22,10 @@ class ApiError(Exception):
     """An error with its status code, type, message and how to fix it."""
 
     def __init__(self, status: int, kind: str, message: str, fix: str = "",
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, field: str = "") -> None:
         super().__init__(message)
         self.status, self.kind, self.message, self.fix, self.headers = status, kind, message, fix, headers
+        self.field = field
 
 
 def _body(kind: str, message: str, details: list[dict[str, str]] | None = None) -> dict[str, Any]:
@@ -77,7 +78,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
-        details = [{"field": "", "message": exc.message, "fix": exc.fix}] if exc.fix else []
+        details = [{"field": exc.field, "message": exc.message, "fix": exc.fix}] if exc.fix else []
+        if exc.status == 422:
+            request.app.state.service.metrics.rejected.labels("invalid").inc()
         return JSONResponse(status_code=exc.status, content=_body(exc.kind, exc.message, details),
                             headers=exc.headers)
 

@@ -144,3 +144,34 @@ def test_a_step_past_the_poll_interval_is_refused_then_retried_not_fatal(kafka_b
     counts = Counter(s.sample_id for s in _samples(bus, topics))
     assert len(counts) == 10 and set(counts.values()) == {1}  # ... and nothing was lost or doubled
     bus.close()
+
+
+def test_a_future_dated_event_cannot_close_other_users_windows(make_bus: BusFactory) -> None:
+    """One feedback event dated 1e12 (a client's clock, or an attacker's) once moved the watermark there:
+    every open window closed at once and all feedback that came in time was dropped as orphan."""
+    bus = make_bus()
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
+    ensure_topics(bus, partitions=1, topics=topics)
+    now = [1000.0]
+    producer = bus.producer()
+    for i in range(5):
+        key = f"r{i}".encode()
+        producer.produce(topics.interactions, encode(interaction(f"r{i}", created_at=1000.0)), key)
+    producer.produce(topics.feedback, encode(thumbs("r0", up=True, created_at=1e12)), b"r0")
+    producer.produce(topics.feedback, encode(thumbs("nobody", up=True, created_at=1e12)), b"nobody")
+    producer.flush()
+    joiner = Joiner(bus, JoinConfig(window_s=30.0, retention_s=120.0, max_clock_skew_s=5.0),
+                    transactional_id="joiner-future", clock=lambda: now[0], topics=topics)
+    _step_until_idle(joiner)
+    for i in range(1, 5):  # the other users' feedback, in time, after the future-dated events were read
+        event = thumbs(f"r{i}", up=False, created_at=1003.0)
+        producer.produce(topics.feedback, encode(event), f"r{i}".encode())
+    producer.flush()
+    _step_until_idle(joiner)
+    now[0] = 1100.0  # past every window
+    _step_until_idle(joiner)
+    joiner.close()
+    rewards = {s.completion.request_id: s.reward for s in _samples(bus, topics) if s.completion}
+    # r0's thumb counts as dated now + 5 s, inside its window; the others came in time and count
+    assert rewards == {"r0": 1.0, "r1": 0.0, "r2": 0.0, "r3": 0.0, "r4": 0.0}, joiner.state.stats
+    assert joiner.state.stats["future_dated"] == 2 and joiner.state.stats["late_feedback"] == 0

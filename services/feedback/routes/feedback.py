@@ -49,6 +49,7 @@ async def post_feedback(request: Request) -> Response:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
         ) from exc
+    _check_dated([event], service)
     outcome = await service.accept([event], key)
     service.metrics.latency.labels("feedback").observe(time.perf_counter() - start)
     body = {"event_id": event.event_id, "request_id": event.request_id, "duplicate": bool(outcome.duplicates)}
@@ -62,8 +63,31 @@ async def post_feedback_batch(batch: FeedbackBatchIn, key: WriterKeyDep, service
     if len(batch.events) > limit:
         raise ApiError(422, "validation_error", f"events: {len(batch.events)} events in one batch",
                        fix=f"send at most {limit} events per batch")
+    _check_dated(batch.events, service, "events.{}.")
     start = time.perf_counter()
     outcome = await service.accept(batch.events, key)
     service.metrics.latency.labels("batch").observe(time.perf_counter() - start)
     return BatchAccepted(accepted=len(outcome.accepted), duplicates=len(outcome.duplicates),
                          event_ids=[e.event_id for e in batch.events])
+
+
+def _check_dated(events: list[FeedbackIn], service: FeedbackService, where: str = "") -> None:
+    """Refuse a `created_at` the join could only misuse: ahead of the server's clock by more than
+    `join.max_clock_skew_s`, or older than `join.retention_s` (the join has forgotten that answer)."""
+    now, join = time.time(), service.settings.join
+    for number, event in enumerate(events):
+        field = where.format(number) + "created_at"
+        if event.created_at > now + join.max_clock_skew_s:
+            raise ApiError(422, "validation_error",
+                           f"{field}: {event.created_at:.0f} is {event.created_at - now:.0f} s ahead of the "
+                           "server's clock",
+                           fix=f"send the Unix time in seconds of the judgement (at most "
+                               f"{join.max_clock_skew_s:g} s ahead: join.max_clock_skew_s), or leave "
+                               "created_at out for now", field=field)
+        if event.created_at < now - join.retention_s:
+            raise ApiError(422, "validation_error",
+                           f"{field}: {event.created_at:.0f} is {now - event.created_at:.0f} s old; the join "
+                           f"keeps an answer {join.retention_s:g} s (join.retention_s), so this could never "
+                           "be trained on",
+                           fix="send feedback within join.retention_s of the answer, in Unix seconds (not "
+                               "milliseconds), or leave created_at out for now", field=field)

@@ -73,6 +73,9 @@ def test_batch_writes_new_events_and_skips_repeats(api: Api) -> None:
         ({**thumbs_body(), "kind": "rating", "value": 9, "scale": [1, 5]}, "(body)", "must lie on its scale"),
         ({**thumbs_body(), "kind": "preference", "value": None}, "(body)", "needs other_request_id"),
         ({**thumbs_body(), "created_at": -5}, "created_at", "see the message"),
+        # one future-dated event would move the joiner's watermark and close every open window
+        ({**thumbs_body(), "created_at": 1e12}, "created_at", "at most 60 s ahead: join.max_clock_skew_s"),
+        ({**thumbs_body(), "created_at": 1000.0}, "created_at", "within join.retention_s"),
         ({**thumbs_body(), "comment": "x" * 9000}, "comment", "shorter"),
     ],
 )
@@ -114,6 +117,9 @@ def test_body_and_batch_limits(make_api: Callable[..., Api]) -> None:
     assert response.status_code == 422
     assert "at most 3 events" in response.json()["details"][0]["fix"]
     assert api.client.post("/v1/feedback/batch", json={"events": []}, headers=api.auth()).status_code == 422
+    dated = [thumbs_body("r0"), {**thumbs_body("r1"), "created_at": 4e9}]  # all or none: nothing written
+    response = api.client.post("/v1/feedback/batch", json={"events": dated}, headers=api.auth())
+    assert response.status_code == 422 and response.json()["details"][0]["field"] == "events.1.created_at"
     assert api.feedback_on_bus() == []
 
 
