@@ -42,6 +42,8 @@ SCHEMA_VERSION = 1
 _WIRE_FORMAT = b"\x01"  # msgpack envelope, version 1
 _BIG_ENDIAN = sys.byteorder == "big"
 Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/+=-]+$")]
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]  # the model's vocabulary is checked where it is known
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class DecodeError(OnlineRLError):
@@ -82,8 +84,8 @@ class SamplingParams(BaseModel):
 def _logprobs(values: list[float]) -> list[float]:
     """Check log-probabilities and round them to float32, the precision they travel in."""
     for value in values:
-        if math.isnan(value) or value > 0.0:
-            raise ValueError("log-probabilities must be numbers <= 0")
+        if not math.isfinite(value) or value > 0.0:
+            raise ValueError("log-probabilities must be finite numbers <= 0")
     return array("f", values).tolist()
 
 
@@ -93,21 +95,21 @@ class Interaction(_Event):
     request_id: Id
     user_id: Id
     session_id: Id | None = None
-    created_at: float = Field(ge=0, description="Unix time (seconds) when the request arrived.")
+    created_at: Seconds = Field(description="Unix time (seconds) when the request arrived.")
     model: str = Field(min_length=1, max_length=256, description="Base model id.")
     adapter_version: str | None = Field(
         default=None, max_length=256, description="Immutable serving name of the adapter; None = base."
     )
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     prompt: list[Message] = Field(min_length=1, max_length=1024)
-    prompt_token_ids: list[int] = Field(min_length=1)
+    prompt_token_ids: list[TokenId] = Field(min_length=1)
     completion: str
-    completion_token_ids: list[int]
+    completion_token_ids: list[TokenId]
     completion_logprobs: list[float] = Field(
         description="The behaviour policy's log-probability of each sampled completion token."
     )
     finish_reason: str = Field(default="stop", max_length=32)
-    latency_ms: float = Field(default=0.0, ge=0)
+    latency_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
 
     _check_logprobs = field_validator("completion_logprobs")(_logprobs)
 
@@ -136,7 +138,7 @@ class Feedback(_Event):
     event_id: Id = Field(description="Client-chosen idempotency key: a retry repeats it.")
     request_id: Id
     user_id: Id
-    created_at: float = Field(ge=0)
+    created_at: Seconds
     kind: FeedbackKind
     value: float | None = Field(
         default=None,
@@ -181,7 +183,7 @@ class Completion(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     request_id: Id
     text: str
-    token_ids: list[int]
+    token_ids: list[TokenId]
     logprobs: list[float]
     adapter_version: str | None = None
     finish_reason: str = "stop"
@@ -197,9 +199,9 @@ class TrainingSample(_Event):
     model: str
     user_id: Id
     prompt: list[Message]
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[TokenId]
     completion: Completion | None = None
-    reward: float | None = None
+    reward: float | None = Field(default=None, allow_inf_nan=False)
     feedback_kind: FeedbackKind | None = None
     label: bool | None = Field(default=None, description="Desirable (True) or not, for KTO.")
     defaulted: bool = Field(default=False, description="The reward is the default: no feedback came.")
@@ -208,7 +210,7 @@ class TrainingSample(_Event):
     reward_mapping_version: str
     behaviour_versions: list[str | None]
     feedback_event_ids: list[str] = Field(default_factory=list)
-    created_at: float = Field(ge=0)
+    created_at: Seconds
 
     @model_validator(mode="after")
     def _shape(self) -> TrainingSample:

@@ -145,3 +145,22 @@ def test_any_bytes_decode_to_an_event_or_a_typed_error() -> None:
         check(b"\x01" + msgspec.msgpack.encode(body))
 
     run()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"reward": float("nan")}, "reward"), ({"reward": float("inf")}, "reward"),
+     ({"prompt_token_ids": [1, -3]}, "prompt_token_ids.1"), ({"created_at": float("inf")}, "created_at"),
+     ({"completion": {"request_id": "a", "text": "x", "token_ids": [1], "logprobs": [float("-inf")]}},
+      "completion.logprobs")],
+)
+def test_values_no_loss_can_use_are_refused(change: dict[str, object], field: str) -> None:
+    """NaN or infinite rewards, negative token ids, -inf log-probs: each would poison a loss."""
+    good = {"sample_id": "s1", "kind": "single", "model": "m", "user_id": "u",
+            "prompt": [{"role": "user", "content": "q"}], "prompt_token_ids": [1, 2],
+            "completion": {"request_id": "a", "text": "x", "token_ids": [1], "logprobs": [-0.5]},
+            "reward": 1.0, "reward_mapping_version": "v", "behaviour_versions": [None], "created_at": 1.0}
+    TrainingSample.model_validate(good)
+    with pytest.raises(ValidationError) as caught:
+        TrainingSample.model_validate(good | change)
+    assert any(".".join(map(str, e["loc"])) == field for e in caught.value.errors()), caught.value.errors()

@@ -156,6 +156,7 @@ class Trainer:
         init_ray(self.settings)
         self._group = WorkerGroup(self.settings, self.resolved)
         self.context = self._group.context_length()
+        self.vocab = self._group.vocab_size()
         self._client = client = mlflow_client(self.settings)
         experiment = ensure_experiment(client, self.config.experiment, self.settings)
         run = client.create_run(experiment, tags={"component": "trainer", "config_hash": self.config_hash,
@@ -172,7 +173,8 @@ class Trainer:
         if self.config.cold_start is not None and self.config.cold_start_weight > 0:
             self.cold_start = load_cold_start(self.config.cold_start, self.config.algorithm,
                                               self.settings.model.name, self.context,
-                                              as_anchors=self.config.cold_start_loss == "kl")
+                                              as_anchors=self.config.cold_start_loss == "kl",
+                                              vocab_size=self.vocab)
             self.cold_start_sha256 = file_sha256(self.config.cold_start)
         self.anchor_version: str | None = None
         self.kl_anchor = "base"
@@ -267,9 +269,18 @@ class Trainer:
         self.metrics.dead_letters.inc(len(routed.unusable))
         for tp, offset in batch.offsets.items():
             state.offsets[tp] = max(offset, state.offsets.get(tp, 0))
-        if routed.trained:
+        if routed.trained and not self._update(state, routed):                       # update
+            # a non-finite loss or gradient: the update was skipped (nothing reached the adapter) and the
+            # batch goes to the dead-letter topic for inspection, never into a version
+            skipped = [record for record in batch.records if record is not None]
+            for record in skipped:
+                dead.send(record, "the trainer's step on this batch had a non-finite loss or gradient; "
+                                  "the update was skipped")
+            dead.flush()
+            state.dead_lettered += len(skipped)
+            self.metrics.dead_letters.inc(len(skipped))
+        elif routed.trained:
             state.cold_since_publish += batch.cold_start
-            self._update(state, routed)                                              # update
             if self.evalset and state.step % self.config.eval_every_steps == 0:
                 self._evaluate(state)                                                # evaluate
         if self._due(state):
@@ -327,7 +338,7 @@ class Trainer:
             anchors = [s for s, r in zip(items, records, strict=True) if r is None]
             items, records = ([s for s, r in zip(items, records, strict=True) if r is not None],
                               [r for r in records if r is not None])
-        routed = route(items, self.config.algorithm, self.settings.model.name, self.context)
+        routed = route(items, self.config.algorithm, self.settings.model.name, self.context, self.vocab)
         routed.anchors = anchor_sequences(anchors)
         live_held = {s.sample_id for s, r in zip(items, records, strict=True)
                      if r is not None and held_out(s.sample_id, self.config.eval_holdout)}
@@ -342,7 +353,8 @@ class Trainer:
             dead.flush()  # the dead letters are durable before their offsets are committed
         return routed.split(live_held.__contains__)
 
-    def _update(self, state: TrainerState, routed: Routed) -> None:
+    def _update(self, state: TrainerState, routed: Routed) -> bool:
+        """One update on `routed`; False (and nothing counted) when its loss or gradient was not finite."""
         from mlflow.entities import Metric
 
         log.info("step %d started: %d samples", state.step + 1, routed.trained,
@@ -352,6 +364,11 @@ class Trainer:
             metrics = self.group.train_step(routed)
         if routed.rollouts:
             metrics = _merge_steps(metrics, self._ppo(state, routed))
+        if metrics.get("nonfinite"):
+            log.error("step %d: the loss or the gradient was not finite (loss %s); update skipped, the batch "
+                      "dead-lettered", state.step + 1, metrics.get("loss"),
+                      extra={"event": "step_nonfinite", "step": state.step + 1, "batch": routed.trained})
+            return False
         state.step += 1
         state.samples += routed.trained
         state.samples_since_publish += routed.trained
@@ -372,6 +389,7 @@ class Trainer:
         log.info("step %d: %d samples, loss %.4f, %.0f tokens/s", state.step, routed.trained,
                  metrics["loss"], metrics["tokens_per_s"],
                  extra={"event": "step", "step": state.step, "batch": routed.trained} | metrics)
+        return True
 
     def _ppo(self, state: TrainerState, routed: Routed) -> dict[str, float]:
         """PPO on the batch's rollouts: score (policy ranks + critic), advantages here, then update."""

@@ -150,6 +150,8 @@ class WorkerGroup:
         tokens = sum(p["tokens"] for p in parts) or 1
         merged = {"ppo_loss": sum(p.get("ppo_loss", 0.0) for p in parts), "grad_norm": parts[0]["grad_norm"],
                   "step_s": max(p["step_s"] for p in parts)}
+        if any(p.get("nonfinite") for p in parts):
+            merged["nonfinite"] = 1.0
         for name in ("ppo_clip_fraction", "ppo_approx_kl", "ppo_truncated_fraction"):
             merged[name] = sum(p.get(name, 0.0) for p in parts) / tokens
         return merged | dict(ray.get(critic))
@@ -199,6 +201,11 @@ class WorkerGroup:
 
         return int(ray.get(self.workers[0].context_length.remote()))
 
+    def vocab_size(self) -> int:
+        import ray
+
+        return int(ray.get(self.workers[0].vocab_size.remote()))
+
     def adapters(self) -> list[dict[str, Any]]:
         """Each rank's adapter weights."""
         import ray
@@ -230,6 +237,8 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
                         ("kto_loss", thumbs), ("kto_reward", thumbs), ("kto_kl", thumbs)):
         if count:
             merged[name] = sum(p.get(name, 0.0) for p in parts) / count
+    if any(p.get("nonfinite") for p in parts):
+        merged["nonfinite"] = 1.0  # the update was skipped on every rank
     anchor_tokens = sum(p.get("anchor_tokens", 0) for p in parts)
     if anchor_tokens:  # the cold-start KL term: mean KL(reference || policy) per anchor token
         merged["anchor_kl"] = sum(p.get("anchor_kl", 0.0) for p in parts) / anchor_tokens

@@ -77,7 +77,7 @@ class Routed:
                 + sum(len(p) + len(c) for p, c, _ in self.thumbs))
 
 
-def _problem(sample: TrainingSample, base_model: str, max_tokens: int) -> str | None:
+def _problem(sample: TrainingSample, base_model: str, max_tokens: int, vocab_size: int | None) -> str | None:
     if sample.model != base_model:
         return f"sample of base model {sample.model!r}; this trainer trains {base_model!r}"
     if not sample.prompt_token_ids:
@@ -88,6 +88,9 @@ def _problem(sample: TrainingSample, base_model: str, max_tokens: int) -> str | 
             return "a completion has no tokens"
         if len(sample.prompt_token_ids) + len(completion.token_ids) > max_tokens:
             return f"longer than the model's context ({max_tokens} tokens)"
+        largest = max(max(sample.prompt_token_ids), max(completion.token_ids))
+        if vocab_size is not None and largest >= vocab_size:
+            return f"a token id outside the model's vocabulary (0 to {vocab_size - 1})"
     if sample.kind == "pair" and sample.chosen and sample.rejected \
             and sample.chosen.token_ids == sample.rejected.token_ids:
         return "chosen and rejected are the same tokens: nothing to prefer"
@@ -95,14 +98,14 @@ def _problem(sample: TrainingSample, base_model: str, max_tokens: int) -> str | 
 
 
 def route(samples: Sequence[TrainingSample], algorithm: Algorithm, base_model: str,
-          max_tokens: int) -> Routed:
+          max_tokens: int, vocab_size: int | None = None) -> Routed:
     """Sort `samples` into DPO pairs, KTO thumbs, PPO rollouts, skipped and unusable ones.
 
     auto: pairs to DPO, thumbs to KTO, graded rewards (ratings, scalars, implicit signals) to PPO;
     dpo/kto/ppo: only what that algorithm trains on (ppo: every single with a reward)."""
     routed = Routed()
     for sample in samples:
-        problem = _problem(sample, base_model, max_tokens)
+        problem = _problem(sample, base_model, max_tokens, vocab_size)
         if problem:
             routed.unusable.append((sample, problem))
             continue
@@ -221,8 +224,8 @@ def anchor_sequences(samples: Sequence[TrainingSample]) -> list[Anchor]:
     return out
 
 
-def load_cold_start(path: Path, algorithm: Algorithm, base_model: str,
-                    max_tokens: int, as_anchors: bool = False) -> list[TrainingSample]:
+def load_cold_start(path: Path, algorithm: Algorithm, base_model: str, max_tokens: int,
+                    as_anchors: bool = False, vocab_size: int | None = None) -> list[TrainingSample]:
     """The cold-start samples of a JSONL file (one TrainingSample JSON object per line), every one
     checked up front: a bad line is a configuration error naming the line, not a crash mid-training.
     `as_anchors`: the samples are KL anchors, so any sample with answer tokens will do, whatever the
@@ -241,7 +244,7 @@ def load_cold_start(path: Path, algorithm: Algorithm, base_model: str,
             where = ".".join(str(part) for part in error["loc"]) or "the line"
             raise ConfigError(f"trainer.cold_start={path}:{number}: {where}: {error['msg']} (each line must "
                               "be one training sample as JSON)") from exc
-    routed = route(samples, algorithm, base_model, max_tokens)
+    routed = route(samples, algorithm, base_model, max_tokens, vocab_size)
     if routed.unusable:
         sample, reason = routed.unusable[0]
         raise ConfigError(f"trainer.cold_start={path}: sample {sample.sample_id} cannot be trained: {reason}")

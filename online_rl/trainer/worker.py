@@ -10,6 +10,7 @@ nothing about the bus, MLflow or when to publish.
 
 from __future__ import annotations
 
+import math
 import socket
 import tempfile
 import time
@@ -70,6 +71,7 @@ class PolicyWorker:
         self.ppo = ppo_config(config)
         self.anchor_kl_coef = float(config.get("cold_start_kl_coef", 0.0))
         self.max_tokens = int(base.config.max_position_embeddings)
+        self.vocab = int(base.config.vocab_size)  # the embedding's rows
         self.device = device
         self.world = 1
         self.anchor: str | None = None  # the frozen adapter the KL term holds to; None: the base
@@ -125,8 +127,8 @@ class PolicyWorker:
         if loss.requires_grad:
             loss.backward()
         grad_norm = self._reduce_gradients()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if not self._apply(grad_norm):
+            sums["nonfinite"] = 1.0
         sums.update(loss=loss.item(), grad_norm=grad_norm, step_s=time.perf_counter() - start,
                     tokens=sum(len(p) + len(c) + len(r) for p, c, r in shard.pairs)
                     + sum(len(p) + len(c) for p, c, _ in shard.thumbs)
@@ -141,6 +143,15 @@ class PolicyWorker:
             return self._sum(log_ratios.float().sum()) / total
 
         return mean
+
+    def _apply(self, grad_norm: float) -> bool:
+        """Take the optimizer step unless the (all-reduced, so on every rank the same) gradient is not
+        finite: a NaN or infinite loss must never reach the adapter. Whether it stepped."""
+        finite = math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return finite
 
     def _reduce_gradients(self) -> float:
         """Sum the gradients over the ranks (one flat all-reduce), then clip them to norm 1."""
@@ -197,8 +208,8 @@ class PolicyWorker:
                                     loss.truncated_fraction.item() * tokens)):
                     sums[name] = value  # the last epoch's
             sums["grad_norm"] = self._reduce_gradients()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            if not self._apply(sums["grad_norm"]):
+                sums["nonfinite"] = 1.0
         sums["step_s"] = time.perf_counter() - start
         return sums
 
@@ -278,6 +289,10 @@ class PolicyWorker:
 
     def context_length(self) -> int:
         return self.max_tokens
+
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: a token id at or past this would index out of it."""
+        return self.vocab
 
     def adapter(self) -> dict[str, torch.Tensor]:
         """The adapter's weights (for checking that the ranks agree)."""

@@ -27,7 +27,8 @@ class FeedbackIn(Feedback):
     defaults to the moment the API receives the event."""
 
     model_config = ConfigDict(json_schema_extra={"examples": _EXAMPLES})
-    created_at: float = Field(default_factory=time.time, ge=0, description="Unix time of the judgement.")
+    created_at: float = Field(default_factory=time.time, ge=0, allow_inf_nan=False,
+                              description="Unix time of the judgement.")
 
 
 class FeedbackBatchIn(BaseModel):

@@ -31,6 +31,9 @@ def test_route_sends_pairs_to_dpo_thumbs_to_kto_and_says_why_it_refuses() -> Non
         f"sample of base model 'other'; this trainer trains {TINY_NAME!r}"]
     assert route(samples[:2], "dpo", TINY_NAME, 2048).skipped == 1
     assert "longer than the model's context" in route(samples[:1], "auto", TINY_NAME, 4).unusable[0][1]
+    # a token id past the model's vocabulary would index out of its embedding: refused with the reason
+    outside = route(samples[:1], "auto", TINY_NAME, 2048, vocab_size=100).unusable
+    assert "outside the model's vocabulary (0 to 99)" in outside[0][1]
 
 
 def test_a_cold_start_file_is_loaded_and_checked_line_by_line(tmp_path: Path) -> None:
