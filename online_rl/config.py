@@ -111,6 +111,11 @@ class JoinSettings(BaseModel):
         default=None, ge=0, le=1, description="Reward when no feedback came; empty drops the sample."
     )
     retention_s: float = Field(default=600.0, gt=0, description="How long joined requests are kept.")
+    max_feedback_per_request: int = Field(
+        default=64, ge=1, le=10_000,
+        description="Feedback events the join keeps per request id (later ones are counted and dropped); "
+        "free text (comment, corrected_completion) is never kept in the join state.",
+    )
     max_clock_skew_s: float = Field(
         default=60.0, ge=0, le=86400,
         description="How far ahead of the server's clock an event may be dated: the feedback API refuses "

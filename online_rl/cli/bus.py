@@ -79,6 +79,7 @@ def join_cmd(
         default_reward=join.default_reward,
         retention_s=max(join.retention_s, window or join.window_s),
         max_clock_skew_s=join.max_clock_skew_s,
+        max_feedback_per_request=join.max_feedback_per_request,
     )
     joiner = Joiner(bus, config, topics=topics)
     stop = stop_on_signals("the current step")

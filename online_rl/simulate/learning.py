@@ -282,6 +282,7 @@ class Lab:
                 default_reward=None,
                 retention_s=max(join.retention_s, join.window_s),
                 max_clock_skew_s=join.max_clock_skew_s,
+                max_feedback_per_request=join.max_feedback_per_request,
             ),
             group_id=f"learn-join-{tag}",
             transactional_id=f"learn-join-{tag}",

@@ -56,6 +56,11 @@ class JoinConfig:
         metadata={"help": "How long a joined interaction is remembered (late feedback, pairs)."},
     )
     mapping: RewardMapping = field(default_factory=RewardMapping)
+    max_feedback_per_request: int = field(
+        default=64,
+        metadata={"help": "Feedback events kept per request id; later ones are counted and dropped, so "
+                          "one request's join state stays small (free text is never kept in it)."},
+    )
     max_clock_skew_s: float = field(
         default=60.0,
         metadata={"help": "An event dated further than this past the joiner's clock is taken as dated "
@@ -69,6 +74,8 @@ class JoinConfig:
             raise ConfigError(f"aggregation={self.aggregation!r}: use sum, mean, earliest or latest")
         if not 0 <= self.max_clock_skew_s < float("inf"):
             raise ConfigError(f"max_clock_skew_s={self.max_clock_skew_s} must be finite seconds >= 0")
+        if self.max_feedback_per_request < 1:
+            raise ConfigError(f"max_feedback_per_request={self.max_feedback_per_request} must be >= 1")
         if self.retention_s < self.window_s:
             raise ConfigError("retention_s must be at least window_s")
         if self.default_reward is not None and not 0.0 <= self.default_reward <= 1.0:
@@ -163,6 +170,13 @@ class JoinState:
         if feedback.event_id in entry.event_ids:
             self.stats["duplicate_feedback"] += 1
             return []
+        if len(entry.event_ids) >= self.config.max_feedback_per_request:
+            # bounded state: one request's changelog record must stay far below the broker's message size
+            self.stats["feedback_over_cap"] += 1
+            return []
+        if feedback.comment is not None or feedback.corrected_completion is not None:
+            # free text is for people reading the feedback topic, not for the join: kept out of its state
+            feedback = feedback.model_copy(update={"comment": None, "corrected_completion": None})
         entry.event_ids.add(feedback.event_id)
         self._changed.add(feedback.request_id)
         deadline = self._deadline(entry)

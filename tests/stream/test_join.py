@@ -142,3 +142,20 @@ def test_early_feedback_does_not_make_its_entry_expire_before_the_window() -> No
     assert state.advance(141.0) == []  # 100 + 10 + 30 has passed, but the entry is younger now
     (sample,) = state.advance(146.0)
     assert sample.feedback_event_ids == ["early", "in-time"]  # skewed clocks: early still counts
+
+
+def test_one_requests_state_stays_small_whatever_its_feedback() -> None:
+    """Free text is kept out of the join state and feedback per request is capped: a few 200 KB
+    corrections on one request id once made its changelog record larger than a Kafka message."""
+    state = _state(max_feedback_per_request=8)
+    state.add_interaction(interaction("r1", created_at=100.0))
+    for i in range(20):
+        state.add_feedback(thumbs("r1", up=True, created_at=101.0, event_id=f"e{i}").model_copy(
+            update={"comment": "c" * 8000, "corrected_completion": "x" * 200_000}))
+    (record,) = state.drain_changes().values()
+    assert record is not None and len(record) < 4000
+    assert state.stats["feedback_over_cap"] == 12
+    (sample,) = state.advance(200.0)
+    assert sample.reward == 1.0 and len(sample.feedback_event_ids) == 8
+    with pytest.raises(ConfigError, match="max_feedback_per_request"):
+        JoinConfig(max_feedback_per_request=0)
