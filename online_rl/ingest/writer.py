@@ -14,6 +14,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class AsyncBusWriter:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="orl-bus-writer", daemon=True)
         self.last_error: str | None = None
+        self.last_error_at = 0.0  # time.monotonic() of the last failed write
         self._thread.start()
 
     async def write(
@@ -76,6 +78,14 @@ class AsyncBusWriter:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def recent_error(self, within_s: float) -> str | None:
+        """The last write's error if a write failed less than `within_s` seconds ago and none has
+        succeeded since: a failure is news for a while, not for ever (with no traffic, no later write
+        could ever clear it)."""
+        if self.last_error is None or time.monotonic() - self.last_error_at >= within_s:
+            return None
+        return self.last_error
 
     def _take_batch(self, first: _Job) -> list[_Job]:
         jobs, count = [first], len(first.records)
@@ -106,6 +116,7 @@ class AsyncBusWriter:
                 self._producer.flush(self._timeout)
             except Exception as exc:  # any failure fails these requests, never the thread
                 self.last_error = str(exc) or type(exc).__name__
+                self.last_error_at = time.monotonic()
                 logger.warning("bus write failed for %d requests: %s", len(jobs), exc)
                 for job in jobs:
                     _resolve(job, exc)

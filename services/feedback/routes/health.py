@@ -23,7 +23,9 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"description": "The bus does not accept writes."}})
 async def readyz(service: IngestDep) -> JSONResponse:
-    """Ready only while the bus answers and the last write (if any) did not fail."""
+    """Ready while the bus answers and no write failed in the last `write_timeout_s` seconds (a failed
+    write makes the pod unready for that long, then the bus's answer decides: with no traffic at all, a
+    pod becomes ready again as soon as the bus is back)."""
     try:
         await asyncio.wait_for(asyncio.to_thread(service.bus.partitions, service.topics.feedback), 3.0)
     except Exception as exc:  # any failure to reach the bus means not ready
@@ -31,9 +33,9 @@ async def readyz(service: IngestDep) -> JSONResponse:
     if not service.writer.alive:
         return JSONResponse(status_code=503,
                             content={"status": "unavailable", "reason": "bus writer stopped"})
-    if service.writer.last_error is not None:
-        return JSONResponse(status_code=503,
-                            content={"status": "unavailable", "reason": service.writer.last_error[:300]})
+    error = service.writer.recent_error(service.settings.feedback_api.write_timeout_s)
+    if error is not None:
+        return JSONResponse(status_code=503, content={"status": "unavailable", "reason": error[:300]})
     return JSONResponse(content={"status": "ready"})
 
 

@@ -40,6 +40,11 @@ def test_broker_stopped_mid_load_gives_503_and_loses_nothing_that_got_202(
     assert api.client.get("/readyz").status_code == 503
 
     broker.run("start")
+    # ready again with no traffic at all (an unready pod gets none), within 30 s of the bus coming back
+    deadline = time.monotonic() + 30
+    while api.client.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline, api.client.get("/readyz").text
+        time.sleep(0.5)
     with serve(api.app) as url, FeedbackClient(url, api.key, max_attempts=30) as client:
         # The client retries through the reconnection; each event keeps its event_id.
         events = [thumbs_body(f"after-{i}") for i in range(20)]
