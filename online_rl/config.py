@@ -143,6 +143,8 @@ class FeedbackApiConfig(BaseModel):
     user_cap_window_s: float = Field(default=60.0, gt=0)
     max_batch: int = Field(default=500, ge=1, le=10_000, description="Events per batch request.")
     max_body_bytes: int = Field(default=2_000_000, ge=1024, description="Largest request body.")
+    max_concurrency: int = Field(default=1024, ge=1, description="Connections and requests served at once "
+                                 "(503 past it).")
     write_timeout_s: float = Field(default=5.0, gt=0, description="Wait this long for the bus.")
     retry_after_s: int = Field(default=2, ge=1, description="Retry-After sent with 503 answers.")
 
@@ -181,6 +183,13 @@ class InferenceConfig(BaseModel):
         "inference.precision).",
     )
     log_buffer: int = Field(default=10_000, ge=1, description="Interactions held while the bus is down.")
+    max_body_bytes: int = Field(default=4_000_000, ge=1024,
+                                description="Largest request body (413 past it, refused before it is read).")
+    rate_limit_per_s: float = Field(default=1000.0, gt=0, description="Requests per second per API key (429 "
+                                    "past it, with Retry-After).")
+    rate_burst: float = Field(default=2000.0, gt=0, description="Burst size per API key.")
+    max_concurrency: int = Field(default=1024, ge=1, description="Connections and requests served at once "
+                                 "(503 past it).")
     adapters_dir: Path | None = Field(
         default=None, description="Where adapters from MLflow are downloaded (default <cache_dir>/adapters)."
     )
@@ -504,6 +513,13 @@ class GatewayConfig(BaseModel):
         default=None,
         description="The raw key the gateway presents to the replicas (scopes 'inference' and 'admin').",
     )
+    max_body_bytes: int = Field(default=4_000_000, ge=1024,
+                                description="Largest request body (413 past it, refused before it is read).")
+    rate_limit_per_s: float = Field(default=1000.0, gt=0, description="Requests per second per API key (429 "
+                                    "past it, with Retry-After).")
+    rate_burst: float = Field(default=2000.0, gt=0, description="Burst size per API key.")
+    max_concurrency: int = Field(default=1024, ge=1, description="Connections and requests served at once "
+                                 "(503 past it).")
     connect_timeout_s: float = Field(default=2.0, gt=0, description="Connecting to a replica.")
     read_timeout_s: float = Field(default=300.0, gt=0, description="Waiting for a replica's next bytes.")
     max_connections: int = Field(default=512, ge=1, description="Pooled connections to all replicas.")

@@ -16,6 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from online_rl.ingest import RateLimited
+
 __all__ = ["ApiError", "answer", "error_body", "install_openai_handlers"]
 
 
@@ -51,7 +53,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def install_openai_handlers(app: FastAPI, logger: logging.Logger) -> None:
-    """`ApiError`, invalid requests (400, naming each field), HTTP errors and the unexpected (500)."""
+    """`ApiError`, invalid requests (400, naming each field), a key over its rate (429 with Retry-After),
+    HTTP errors (413 for a body over the limit) and the unexpected (500)."""
 
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
@@ -65,14 +68,22 @@ def install_openai_handlers(app: FastAPI, logger: logging.Logger) -> None:
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        code = "request_too_large" if exc.status_code == 413 else None  # a streamed body over the limit
         return JSONResponse(status_code=exc.status_code, headers=exc.headers,
-                            content=error_body(str(exc.detail), kind))
+                            content=error_body(str(exc.detail), kind, code=code))
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected error on %s", request.url.path)
         return answer(500, "unexpected error; see the service logs", "server_error")
 
+    async def on_rate_limited(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RateLimited)
+        retry = max(1, round(exc.retry_after + 0.5))
+        return answer(429, f"{exc}; retry after {retry}s", "requests", code="rate_limit_exceeded",
+                      headers={"Retry-After": str(retry)})
+
     app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(RateLimited, on_rate_limited)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)

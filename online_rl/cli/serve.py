@@ -41,7 +41,7 @@ def serve_feedback(
 
     settings = load_settings(ctx.obj["config"])
     api = settings.feedback_api
-    _run(create_app(settings), host or api.host, port or api.port)
+    _run(create_app(settings), host or api.host, port or api.port, api.max_concurrency)
 
 
 @serve_app.command("inference")
@@ -59,7 +59,7 @@ def serve_inference(
         settings = settings.model_copy(update={"inference": settings.inference.model_copy(
             update={"engine": engine})})
     api = settings.inference
-    _run(create_app(settings), host or api.host, port or api.port)
+    _run(create_app(settings), host or api.host, port or api.port, api.max_concurrency)
 
 
 @serve_app.command("gateway")
@@ -73,11 +73,11 @@ def serve_gateway(
 
     settings = load_settings(ctx.obj["config"])
     api = settings.gateway
-    _run(create_app(settings), host or api.host, port or api.port)
+    _run(create_app(settings), host or api.host, port or api.port, api.max_concurrency)
 
 
-def _run(app: Any, host: str, port: int) -> None:
-    import uvicorn
+def _run(app: Any, host: str, port: int, max_concurrency: int) -> None:
+    from services.limits import serve
 
     announce_health(f"http://127.0.0.1:{port}/healthz")
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    serve(app, host, port, max_concurrency)

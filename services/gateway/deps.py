@@ -23,13 +23,17 @@ ServiceDep = Annotated[GatewayService, Depends(get_service)]
 async def require_caller(service: ServiceDep,
                          authorization: Annotated[str | None, Header(include_in_schema=False)] = None
                          ) -> KeyInfo:
-    return authorize(service.keys, authorization, "inference")
+    key = authorize(service.keys, authorization, "inference")
+    service.buckets.take(key.key_id)  # RateLimited: 429 with Retry-After
+    return key
 
 
 async def require_admin(service: ServiceDep,
                         authorization: Annotated[str | None, Header(include_in_schema=False)] = None
                         ) -> KeyInfo:
-    return authorize(service.keys, authorization, "admin")
+    key = authorize(service.keys, authorization, "admin")
+    service.buckets.take(key.key_id)
+    return key
 
 
 CallerDep = Annotated[KeyInfo, Depends(require_caller)]

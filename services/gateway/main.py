@@ -25,6 +25,7 @@ from online_rl.tracking import mlflow_client
 from services.gateway.errors import install_error_handlers
 from services.gateway.routes import health, page, proxy, rollout
 from services.gateway.service import GatewayService
+from services.limits import BodyLimit
 
 __all__ = ["create_app"]
 
@@ -81,4 +82,5 @@ def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = N
     install_error_handlers(app)
     for module in (proxy, rollout, page, health):
         app.include_router(module.router)
+    app.add_middleware(BodyLimit, limit=settings.gateway.max_body_bytes)
     return app

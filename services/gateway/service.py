@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from online_rl.config import Settings
-from online_rl.ingest import ApiKeyStore
+from online_rl.ingest import ApiKeyStore, TokenBuckets
 from online_rl.rollout.loop import RolloutLoop
 from online_rl.rollout.replicas import ReplicaPool
 
@@ -57,6 +57,7 @@ class GatewayService:
         api = settings.gateway
         self.settings = settings
         self.keys = ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)
+        self.buckets = TokenBuckets(api.rate_limit_per_s, api.rate_burst)  # requests per API key
         self.pool = pool
         self.loop = loop
         self.metrics = Metrics(self)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import uvicorn
-
 from online_rl.config import load_settings
 from services.inference.main import create_app
+from services.limits import serve
 
 
 def main() -> None:
     settings = load_settings()
-    uvicorn.run(create_app(settings), host=settings.inference.host, port=settings.inference.port,
-                log_level="warning", access_log=False)
+    api = settings.inference
+    serve(create_app(settings), api.host, api.port, api.max_concurrency)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,13 @@ ServiceDep = Annotated[InferenceService, Depends(get_service)]
 
 def _verify(service: InferenceService, authorization: str | None, scope: str) -> KeyInfo:
     try:
-        return authorize(service.keys, authorization, scope)
+        key = authorize(service.keys, authorization, scope)
     except Unauthenticated as exc:
         raise ApiError(401, "authentication_error", str(exc), code="invalid_api_key") from exc
     except Forbidden as exc:
         raise ApiError(403, "permission_error", str(exc), code="insufficient_scope") from exc
+    service.buckets.take(key.key_id)  # RateLimited: 429 with Retry-After
+    return key
 
 
 async def require_caller(service: ServiceDep,

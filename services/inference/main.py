@@ -20,6 +20,7 @@ from online_rl.serving import AdapterManager, Engine, InferenceCore, Interaction
 from services.inference.errors import install_error_handlers
 from services.inference.routes import admin, completions, health, models
 from services.inference.service import InferenceService
+from services.limits import BodyLimit
 
 __all__ = ["create_app"]
 
@@ -71,4 +72,5 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
     install_error_handlers(app)
     for module in (completions, models, admin, health):
         app.include_router(module.router)
+    app.add_middleware(BodyLimit, limit=settings.inference.max_body_bytes)
     return app

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from online_rl.config import Settings
-from online_rl.ingest import ApiKeyStore
+from online_rl.ingest import ApiKeyStore, TokenBuckets
 from online_rl.serving import InferenceCore
 
 __all__ = ["InferenceService", "Metrics"]
@@ -66,4 +66,5 @@ class InferenceService:
         self.settings = settings
         self.core = core
         self.keys = ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)
+        self.buckets = TokenBuckets(api.rate_limit_per_s, api.rate_burst)  # requests per API key
         self.metrics = Metrics(self)

@@ -54,6 +54,25 @@ def test_keys_scopes_and_bad_input_get_clear_errors(make_stack: StackFactory) ->
     assert response.status_code == 409 and "no version 999" in response.json()["error"]["message"]
     assert stack.api("GET", "/rollout/history").json() == {"entries": []}  # nothing half-written
 
+    # the edge: bodies over the limit get 413 (a 1 GiB one refused at once, in bounded memory), a key
+    # over its rate 429 with Retry-After, both as OpenAI errors
+    from tests.services.edge import huge_body_is_refused_fast_and_small
+
+    # burst 3: the streamed 1 GiB body spends one (its key is checked before the body is read), then two
+    limits = {"max_body_bytes": 4096, "rate_limit_per_s": 0.01, "rate_burst": 3}
+    gateway = stack.settings.gateway.model_copy(update=limits)
+    stack.settings = stack.settings.model_copy(update={"gateway": gateway})
+    stack.restart_gateway()
+    response = _post(stack, CHAT | {"messages": [{"role": "user", "content": "x" * 5000}]}, **stack.headers())
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+    huge_body_is_refused_fast_and_small(stack.url + "/v1/chat/completions", stack.headers())
+    assert _post(stack, CHAT, **stack.headers()).status_code == 200
+    assert _post(stack, CHAT, **stack.headers()).status_code == 200
+    limited = _post(stack, CHAT, **stack.headers())
+    assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(limited.headers["Retry-After"]) >= 1
+    assert stack.api("GET", "/rollout").status_code == 200  # another key, its own bucket
+
 
 def test_streams_and_fails_over_past_a_dead_replica(make_stack: StackFactory) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # listed first: every other request tries it first

@@ -168,3 +168,26 @@ def test_adapter_loads_are_verified_and_failures_change_nothing(
     assert server.admin("DELETE", "/admin/aliases/p").status_code == 204
     assert server.admin("DELETE", "/admin/adapters/p-v1").status_code == 204
     assert [m.id for m in server.openai().models.list().data] == ["tiny-llama"]
+
+
+def test_big_bodies_get_413_and_a_key_over_its_rate_429_as_openai_errors(
+        make_server: ServerFactory, tiny_model: Path) -> None:
+    from tests.services.edge import huge_body_is_refused_fast_and_small
+
+    server = make_server(tiny_model, "tiny-llama", max_body_bytes=4096, rate_limit_per_s=0.01, rate_burst=4)
+    client = server.openai()
+    with pytest.raises(openai.APIStatusError) as big:
+        client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x" * 5000}])
+    assert big.value.status_code == 413 and big.value.body["code"] == "request_too_large"  # type: ignore[index]
+    huge_body_is_refused_fast_and_small(server.url + "/v1/chat/completions",
+                                        {"Authorization": f"Bearer {server.key}"})
+    client.models.list()  # the 413s spent no tokens: refused before the key was checked
+    client.models.list()
+    client.models.list()
+    client.models.list()
+    with pytest.raises(openai.RateLimitError) as limited:
+        client.models.list()
+    assert limited.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+    assert int(limited.value.response.headers["Retry-After"]) >= 1
+    admin = server.admin("GET", "/admin/adapters")  # each key has its own bucket
+    assert admin.status_code == 200, admin.text
