@@ -138,7 +138,7 @@ class FeedbackApiConfig(BaseModel):
         default=None, description="A file of such hashes, one per line (e.g. a mounted Secret)."
     )
     rate_limit_per_s: float = Field(default=5000.0, gt=0, description="Events per second per API key.")
-    rate_burst: float = Field(default=10000.0, gt=0, description="Burst size per API key.")
+    rate_burst: float = Field(default=10000.0, ge=1, description="Burst size per API key (at least 1).")
     user_cap: int = Field(default=120, ge=1, description="Events per user id per user_cap_window_s.")
     user_cap_window_s: float = Field(default=60.0, gt=0)
     max_batch: int = Field(default=500, ge=1, le=10_000, description="Events per batch request.")
@@ -187,7 +187,7 @@ class InferenceConfig(BaseModel):
                                 description="Largest request body (413 past it, refused before it is read).")
     rate_limit_per_s: float = Field(default=1000.0, gt=0, description="Requests per second per API key (429 "
                                     "past it, with Retry-After).")
-    rate_burst: float = Field(default=2000.0, gt=0, description="Burst size per API key.")
+    rate_burst: float = Field(default=2000.0, ge=1, description="Burst size per API key (at least 1).")
     max_concurrency: int = Field(default=1024, ge=1, description="Connections and requests served at once "
                                  "(503 past it).")
     adapters_dir: Path | None = Field(
@@ -321,7 +321,8 @@ class TrainerConfig(BaseModel):
         description="How the cold-start samples act. label: trained as the feedback they carry (a thumbs-up "
         "as desirable, a pair as preferred), which pulls towards their form. kl: not trained on; at every "
         "answer position the policy's next-token distribution is held to the reference's (the `kl_anchor`) "
-        "by cold_start_kl_coef * the mean KL(reference || policy) per token, which leans towards no taste.",
+        "by cold_start_kl_coef * the mean KL(reference || policy) per token, which leans towards no taste "
+        "(a term of the DPO/KTO step: a batch of PPO rollouts only has none).",
     )
     cold_start_kl_coef: float = Field(
         default=4.0, ge=0.0, le=1000.0,
@@ -356,6 +357,9 @@ class TrainerConfig(BaseModel):
         if self.kl_target is not None and self.kl_coef == 0:
             raise ValueError("trainer.kl_coef=0 cannot adapt towards trainer.kl_target: start it above 0, "
                              "e.g. 0.05, or leave kl_target empty")
+        if self.cold_start_loss == "kl" and self.algorithm == "ppo":
+            raise ValueError("trainer.cold_start_loss=kl holds the DPO/KTO step to its anchors, and "
+                             "trainer.algorithm=ppo takes none: use cold_start_loss=label, or algorithm auto")
         return self
 
 
@@ -517,7 +521,7 @@ class GatewayConfig(BaseModel):
                                 description="Largest request body (413 past it, refused before it is read).")
     rate_limit_per_s: float = Field(default=1000.0, gt=0, description="Requests per second per API key (429 "
                                     "past it, with Retry-After).")
-    rate_burst: float = Field(default=2000.0, gt=0, description="Burst size per API key.")
+    rate_burst: float = Field(default=2000.0, ge=1, description="Burst size per API key (at least 1).")
     max_concurrency: int = Field(default=1024, ge=1, description="Connections and requests served at once "
                                  "(503 past it).")
     connect_timeout_s: float = Field(default=2.0, gt=0, description="Connecting to a replica.")

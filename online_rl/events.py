@@ -82,11 +82,16 @@ class SamplingParams(BaseModel):
 
 
 def _logprobs(values: list[float]) -> list[float]:
-    """Check log-probabilities and round them to float32, the precision they travel in."""
-    for value in values:
+    """Round log-probabilities to float32, the precision they travel in, and check them there (a value
+    below float32's range would become -inf on the way)."""
+    try:
+        rounded = array("f", values).tolist()
+    except OverflowError as exc:
+        raise ValueError("log-probabilities must be finite numbers <= 0 within float32's range") from exc
+    for value in rounded:
         if not math.isfinite(value) or value > 0.0:
-            raise ValueError("log-probabilities must be finite numbers <= 0")
-    return array("f", values).tolist()
+            raise ValueError("log-probabilities must be finite numbers <= 0 within float32's range")
+    return rounded
 
 
 class Interaction(_Event):
@@ -163,6 +168,8 @@ class Feedback(_Event):
             if self.scale is None or value is None:
                 raise ValueError("rating feedback needs value and scale, e.g. value=4, scale=[1, 5]")
             low, high = self.scale
+            if not (math.isfinite(low) and math.isfinite(high) and math.isfinite(high - low)):
+                raise ValueError(f"rating scale [{low}, {high}] must be two finite numbers, e.g. [1, 5]")
             if not low < high or not low <= value <= high:
                 raise ValueError(f"rating value {value} must lie on its scale [{low}, {high}] (min < max)")
         if kind is FeedbackKind.scalar and value is None:

@@ -24,4 +24,6 @@ def token_kl(policy_logprobs: torch.Tensor, reference_logprobs: torch.Tensor) ->
                          f"{tuple(reference_logprobs.shape)} differ in shape: give both at the same "
                          "positions")
     reference = reference_logprobs.float()
-    return (reference.exp() * (reference - policy_logprobs.float())).sum(-1)
+    terms = reference.exp() * (reference - policy_logprobs.float())
+    # where the reference gives a token no probability its term is 0 (0 * log 0), not NaN
+    return torch.where(reference > float("-inf"), terms, torch.zeros_like(terms)).sum(-1)

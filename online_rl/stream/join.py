@@ -18,11 +18,14 @@ from __future__ import annotations
 import hashlib
 import heapq
 import logging
+import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
+from pydantic import ValidationError
 
 from online_rl.errors import ConfigError
 from online_rl.events import (
@@ -284,9 +287,13 @@ class JoinState:
         else:
             self.stats["no_feedback"] += 1
             return []
+        if not math.isfinite(reward):  # the events are checked; this is the last line against a crash loop
+            self.stats["invalid_sample"] += 1
+            logger.warning("request %s: reward %s is not a finite number; dropped", interaction.request_id,
+                           reward)
+            return []
         self.stats["defaulted" if defaulted else "joined"] += 1
-        return [
-            TrainingSample(
+        return self._valid(lambda: TrainingSample(
                 sample_id=f"s-{interaction.request_id}",
                 kind="single",
                 model=interaction.model,
@@ -302,8 +309,7 @@ class JoinState:
                 behaviour_versions=[interaction.adapter_version],
                 feedback_event_ids=sorted(f.event_id for f in scored),
                 created_at=interaction.created_at,
-            )
-        ]
+            ), interaction.request_id)
 
     def _try_pair(self, pref: Feedback) -> list[TrainingSample]:
         this = self.entries.get(pref.request_id)
@@ -320,8 +326,7 @@ class JoinState:
         chosen, rejected = (a, b) if pref.winner == "this" else (b, a)
         self.stats["pairs"] += 1
         digest = hashlib.sha256(f"{pref.request_id}\0{pref.event_id}".encode()).hexdigest()[:24]
-        return [
-            TrainingSample(
+        return self._valid(lambda: TrainingSample(
                 sample_id=f"p-{digest}",
                 kind="pair",
                 model=a.model,
@@ -335,5 +340,15 @@ class JoinState:
                 behaviour_versions=[chosen.adapter_version, rejected.adapter_version],
                 feedback_event_ids=[pref.event_id],
                 created_at=max(a.created_at, b.created_at),
-            )
-        ]
+            ), pref.request_id)
+
+    def _valid(self, build: Callable[[], TrainingSample], request_id: str) -> list[TrainingSample]:
+        """The sample `build` makes, or none (counted and logged) when it fails validation: one bad join
+        result must never stop the joiner, which would then fail on the same records after a restart."""
+        try:
+            return [build()]
+        except (ValidationError, ValueError) as exc:
+            self.stats["invalid_sample"] += 1
+            logger.warning("request %s: the joined sample is invalid (%s); dropped", request_id,
+                           str(exc).splitlines()[0][:200])
+            return []

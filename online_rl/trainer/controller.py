@@ -270,9 +270,11 @@ class Trainer:
         for tp, offset in batch.offsets.items():
             state.offsets[tp] = max(offset, state.offsets.get(tp, 0))
         if routed.trained and not self._update(state, routed):                       # update
-            # a non-finite loss or gradient: the update was skipped (nothing reached the adapter) and the
-            # batch goes to the dead-letter topic for inspection, never into a version
-            skipped = [record for record in batch.records if record is not None]
+            # a non-finite loss or gradient: that update was skipped and the batch's trained samples go to
+            # the dead-letter topic for inspection
+            trained = set(routed.pair_ids) | set(routed.thumb_ids) | set(routed.rollout_ids)
+            skipped = [record for sample, record in zip(batch.items, batch.records, strict=True)
+                       if record is not None and sample.sample_id in trained]
             for record in skipped:
                 dead.send(record, "the trainer's step on this batch had a non-finite loss or gradient; "
                                   "the update was skipped")
@@ -362,7 +364,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         if routed.pairs or routed.thumbs:
             metrics = self.group.train_step(routed)
-        if routed.rollouts:
+        if routed.rollouts and not metrics.get("nonfinite"):
             metrics = _merge_steps(metrics, self._ppo(state, routed))
         if metrics.get("nonfinite"):
             log.error("step %d: the loss or the gradient was not finite (loss %s); update skipped, the batch "
@@ -397,7 +399,7 @@ class Trainer:
         old, ref = [o for o, _ in scored], [r for _, r in scored]
         out = advantages_for(routed.rollouts, old, ref, values, self.ppo_config, state.kl_coef)
         metrics = self.group.ppo_train(routed, old, out.advantages, out.returns, values)
-        if self.config.kl_target is not None:
+        if self.config.kl_target is not None and not metrics.get("nonfinite"):
             controller = AdaptiveKLController(self.ppo_config.kl)
             controller.value = state.kl_coef
             state.kl_coef = controller.update(out.sequence_kl, len(routed.rollouts))

@@ -120,14 +120,15 @@ class PolicyWorker:
             count = len(shard.thumbs)
             sums.update(kto_loss=kto.loss.item() * count, kto_reward=kto.rewards.mean().item() * count,
                         kto_kl=kto.reference_point.item() * count)
-        if shard.anchors:  # the cold-start KL term: this shard's share of the whole batch's per-token mean
+        if shard.anchors and self.anchor_kl_coef > 0:
+            # the cold-start KL term: this shard's share of the whole batch's per-token mean
             held = anchor_kl_batch_loss(self.policy, shard.anchors, self.precision, self.anchor)
             loss = loss + held.total * (self.anchor_kl_coef / shard.total_anchor_tokens)
             sums.update(anchor_kl=held.total.item(), anchor_tokens=held.tokens)
         if loss.requires_grad:
             loss.backward()
         grad_norm = self._reduce_gradients()
-        if not self._apply(grad_norm):
+        if not self._apply(grad_norm, loss.item()):
             sums["nonfinite"] = 1.0
         sums.update(loss=loss.item(), grad_norm=grad_norm, step_s=time.perf_counter() - start,
                     tokens=sum(len(p) + len(c) + len(r) for p, c, r in shard.pairs)
@@ -144,10 +145,12 @@ class PolicyWorker:
 
         return mean
 
-    def _apply(self, grad_norm: float) -> bool:
-        """Take the optimizer step unless the (all-reduced, so on every rank the same) gradient is not
-        finite: a NaN or infinite loss must never reach the adapter. Whether it stepped."""
-        finite = math.isfinite(grad_norm)
+    def _apply(self, grad_norm: float, loss: float) -> bool:
+        """Take the optimizer step unless the gradient (all-reduced, so the same on every rank) or any
+        rank's loss is not finite: a NaN or infinite loss must never reach the adapter. Whether it
+        stepped; every rank decides the same."""
+        bad = torch.tensor(0.0 if math.isfinite(loss) else 1.0, device=self.device)
+        finite = math.isfinite(grad_norm) and self._sum(bad).item() == 0
         if finite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -208,8 +211,9 @@ class PolicyWorker:
                                     loss.truncated_fraction.item() * tokens)):
                     sums[name] = value  # the last epoch's
             sums["grad_norm"] = self._reduce_gradients()
-            if not self._apply(sums["grad_norm"]):
+            if not self._apply(sums["grad_norm"], sums.get("ppo_loss", 0.0)):
                 sums["nonfinite"] = 1.0
+                break  # no later epoch either (the earlier ones' steps were finite and stay)
         sums["step_s"] = time.perf_counter() - start
         return sums
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from online_rl.errors import ConfigError
+from online_rl.events import Feedback
 from online_rl.stream.join import JoinConfig, JoinState
 from tests.factories import interaction, preference, rating, thumbs
 
@@ -159,3 +160,18 @@ def test_one_requests_state_stays_small_whatever_its_feedback() -> None:
     assert sample.reward == 1.0 and len(sample.feedback_event_ids) == 8
     with pytest.raises(ConfigError, match="max_feedback_per_request"):
         JoinConfig(max_feedback_per_request=0)
+
+
+def test_a_sample_that_cannot_be_valid_is_dropped_not_raised() -> None:
+    """A rating on the scale [-inf, 5] once made a NaN reward: the joined sample failed validation and the
+    joiner crashed on the same records after every restart. The scale is refused now, and the join drops
+    (and counts) any sample that still fails, rather than raising."""
+    with pytest.raises(ValueError, match="rating scale"):
+        Feedback.model_validate(rating("r1", 4.0).model_dump() | {"scale": (float("-inf"), 5.0)})
+    state = _state()
+    state.add_interaction(interaction("r1", created_at=100.0))
+    state.add_feedback(rating("r1", 4.0, created_at=101.0).model_copy(update={"scale": (float("-inf"), 5.0)}))
+    state.add_interaction(interaction("r2", created_at=100.0))
+    state.add_feedback(thumbs("r2", up=True, created_at=101.0))
+    assert [s.sample_id for s in state.advance(200.0)] == ["s-r2"]
+    assert state.stats["invalid_sample"] == 1

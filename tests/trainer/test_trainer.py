@@ -362,3 +362,48 @@ def test_ratings_train_ppo_with_a_critic_and_the_version_learns(
     assert checkpoint is not None and checkpoint.critic is not None  # the critic resumes too
     assert any(name.startswith("value_head.") for name in checkpoint.critic["adapter"])
     bus.close()
+
+
+def test_a_batch_with_a_non_finite_loss_is_dead_lettered_and_never_reaches_a_version(
+    settings: Settings, ray_runtime: None, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A model whose embedding of one token is infinite: the batch that uses that token has a NaN loss.
+    Its update is skipped on every rank, its samples go to the dead-letter topic, the batches around it
+    train, and the published adapter is finite."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    poisoned, token = tmp_path / "poisoned", 4321
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    # untie the output layer first: the tiny Llama shares it with the embedding, which would make every
+    # logit row infinite, not only where the token is read
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    with torch.no_grad():
+        model.get_input_embeddings().weight[token] = float("inf")
+    model.save_pretrained(poisoned)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_model / name).exists():
+            (poisoned / name).write_bytes((tiny_model / name).read_bytes())
+    settings = settings.model_copy(update={
+        "model": settings.model.model_copy(update={"path": poisoned}),
+        "trainer": settings.trainer.model_copy(update={"batch_size": 4, "publish_every_samples": 8})})
+    bus, topics = _kafka_topics(settings, partitions=1)
+    rng = random.Random(6)
+    pairs = [_pair(i, rng) for i in range(12)]
+    bad = {f"s{i}" for i in range(4, 8)}  # the second batch: its prompts use the poisoned token
+    pairs = [p.model_copy(update={"prompt_token_ids": [token, *p.prompt_token_ids]})
+             if p.sample_id in bad else p for p in pairs]
+    send(bus.producer(), topics.samples, pairs)
+    trainer = Trainer(settings, bus)
+    state = trainer.run(idle_exit_s=3.0)
+    assert state.samples == 8 and state.dead_lettered == 4
+    assert state.offsets[TopicPartition(topics.samples, 0)] == 12  # read past, committed: not retried
+    dead = {r.key.decode(): dict(r.headers)["reason"].decode() for r in bus.read_all(topics.dlq) if r.key}
+    assert set(dead) == bad and all("non-finite" in reason for reason in dead.values()), dead
+    import mlflow
+
+    folder = Path(mlflow.artifacts.download_artifacts("models:/policy/1", dst_path=str(tmp_path / "v1")))
+    weights = load_file(str(next(folder.rglob("adapter_model.safetensors"))))
+    assert weights and all(torch.isfinite(w).all() for w in weights.values())
+    bus.close()

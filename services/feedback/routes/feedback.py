@@ -75,6 +75,7 @@ def _check_dated(events: list[FeedbackIn], service: FeedbackService, where: str 
     """Refuse a `created_at` the join could only misuse: ahead of the server's clock by more than
     `join.max_clock_skew_s`, or older than `join.retention_s` (the join has forgotten that answer)."""
     now, join = time.time(), service.settings.join
+    kept = max(join.retention_s, join.window_s)  # what the joiner keeps (online-rl join)
     for number, event in enumerate(events):
         field = where.format(number) + "created_at"
         if event.created_at > now + join.max_clock_skew_s:
@@ -84,10 +85,9 @@ def _check_dated(events: list[FeedbackIn], service: FeedbackService, where: str 
                            fix=f"send the Unix time in seconds of the judgement (at most "
                                f"{join.max_clock_skew_s:g} s ahead: join.max_clock_skew_s), or leave "
                                "created_at out for now", field=field)
-        if event.created_at < now - join.retention_s:
+        if event.created_at < now - kept:
             raise ApiError(422, "validation_error",
                            f"{field}: {event.created_at:.0f} is {now - event.created_at:.0f} s old; the join "
-                           f"keeps an answer {join.retention_s:g} s (join.retention_s), so this could never "
-                           "be trained on",
+                           f"keeps an answer {kept:g} s (join.retention_s), so it could never be trained on",
                            fix="send feedback within join.retention_s of the answer, in Unix seconds (not "
                                "milliseconds), or leave created_at out for now", field=field)

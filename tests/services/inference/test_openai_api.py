@@ -189,5 +189,6 @@ def test_big_bodies_get_413_and_a_key_over_its_rate_429_as_openai_errors(
         client.models.list()
     assert limited.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
     assert int(limited.value.response.headers["Retry-After"]) >= 1
-    admin = server.admin("GET", "/admin/adapters")  # each key has its own bucket
-    assert admin.status_code == 200, admin.text
+    for _ in range(6):  # an operator's (admin) key, like the gateway's that relays every user: not limited
+        admin = server.admin("GET", "/admin/adapters")
+        assert admin.status_code == 200, admin.text
