@@ -443,7 +443,7 @@ class Lab:
                         prompt_token_ids=self.prompt_ids(prompt),
                         completion=text,
                         completion_token_ids=token_ids,
-                        completion_logprobs=logprobs,
+                        completion_logprobs=[max(v, -1e30) for v in logprobs],  # as serving logs them
                         finish_reason=finish,
                     )
                     producer.produce(topics.interactions, encode(interaction), request_id.encode())
