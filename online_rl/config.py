@@ -149,7 +149,19 @@ class FeedbackApiConfig(BaseModel):
     retry_after_s: int = Field(default=2, ge=1, description="Retry-After sent with 503 answers.")
 
 
-class InferenceConfig(BaseModel):
+class EdgeLimits(BaseModel):
+    """What an OpenAI-compatible service (inference, gateway) refuses at its edge (services/limits.py)."""
+
+    max_body_bytes: int = Field(default=4_000_000, ge=1024,
+                                description="Largest request body (413 past it, refused before it is read).")
+    rate_limit_per_s: float = Field(default=1000.0, gt=0, description="Requests per second per API key (429 "
+                                    "past it, with Retry-After).")
+    rate_burst: float = Field(default=2000.0, ge=1, description="Burst size per API key (at least 1).")
+    max_concurrency: int = Field(default=1024, ge=1, description="Connections and requests served at once "
+                                 "(503 past it).")
+
+
+class InferenceConfig(EdgeLimits):
     """The inference service (services/inference) and its generation engine."""
 
     host: str = Field(default="127.0.0.1", description="Address to listen on.")
@@ -183,13 +195,6 @@ class InferenceConfig(BaseModel):
         "inference.precision).",
     )
     log_buffer: int = Field(default=10_000, ge=1, description="Interactions held while the bus is down.")
-    max_body_bytes: int = Field(default=4_000_000, ge=1024,
-                                description="Largest request body (413 past it, refused before it is read).")
-    rate_limit_per_s: float = Field(default=1000.0, gt=0, description="Requests per second per API key (429 "
-                                    "past it, with Retry-After).")
-    rate_burst: float = Field(default=2000.0, ge=1, description="Burst size per API key (at least 1).")
-    max_concurrency: int = Field(default=1024, ge=1, description="Connections and requests served at once "
-                                 "(503 past it).")
     adapters_dir: Path | None = Field(
         default=None, description="Where adapters from MLflow are downloaded (default <cache_dir>/adapters)."
     )
@@ -497,7 +502,7 @@ class RolloutConfig(BaseModel):
         return self
 
 
-class GatewayConfig(BaseModel):
+class GatewayConfig(EdgeLimits):
     """The canary gateway (services/gateway): routes requests to replicas and runs the rollout."""
 
     host: str = Field(default="127.0.0.1", description="Address to listen on.")
@@ -517,13 +522,6 @@ class GatewayConfig(BaseModel):
         default=None,
         description="The raw key the gateway presents to the replicas (scopes 'inference' and 'admin').",
     )
-    max_body_bytes: int = Field(default=4_000_000, ge=1024,
-                                description="Largest request body (413 past it, refused before it is read).")
-    rate_limit_per_s: float = Field(default=1000.0, gt=0, description="Requests per second per API key (429 "
-                                    "past it, with Retry-After).")
-    rate_burst: float = Field(default=2000.0, ge=1, description="Burst size per API key (at least 1).")
-    max_concurrency: int = Field(default=1024, ge=1, description="Connections and requests served at once "
-                                 "(503 past it).")
     connect_timeout_s: float = Field(default=2.0, gt=0, description="Connecting to a replica.")
     read_timeout_s: float = Field(default=300.0, gt=0, description="Waiting for a replica's next bytes.")
     max_connections: int = Field(default=512, ge=1, description="Pooled connections to all replicas.")
