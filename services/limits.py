@@ -2,7 +2,8 @@
 
 `BodyLimit` answers 413 to a body over `limit` bytes, whether its Content-Length announces it (refused
 before a byte is read) or it streams in chunks (refused once the count passes the limit, so memory
-never holds more than the limit). `serve` runs an app under uvicorn with a cap on concurrent
+never holds more than the limit); either way the 413 closes the connection, so the rest of the body is
+never read. `serve` runs an app under uvicorn with a cap on concurrent
 connections and tasks (503 past it) and a keep-alive timeout, so idle or slow clients cannot hold
 every worker.
 """
@@ -13,7 +14,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 __all__ = ["BodyLimit", "openai_too_large", "serve"]
@@ -23,6 +23,10 @@ def openai_too_large(limit: int) -> dict[str, Any]:
     """The OpenAI-style body of a 413."""
     return {"error": {"message": f"the request body is larger than {limit} bytes",
                       "type": "invalid_request_error", "param": None, "code": "request_too_large"}}
+
+
+class _TooLarge(Exception):
+    """Raised from `receive` into the app once the body passes the limit; caught around the app."""
 
 
 class BodyLimit:
@@ -41,18 +45,29 @@ class BodyLimit:
         if length is not None and (not length.isdigit() or int(length) > self.limit):
             await self._refuse(send)
             return
-        seen = 0
+        seen, started = 0, False
 
         async def counted() -> Message:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                # Raised while the app reads the body: FastAPI passes HTTPExceptions on to the handlers.
-                raise HTTPException(413, f"the request body is larger than {self.limit} bytes")
+                if not started:  # the refusal closes the connection, so the rest is not read at all
+                    await self._refuse(send)
+                raise _TooLarge
             return message
 
-        await self.app(scope, counted, send)
+        async def guarded(message: Message) -> None:
+            nonlocal started
+            if seen > self.limit:
+                return  # the app's own answer to the aborted read: the 413 went already
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except _TooLarge:
+            pass
 
     async def _refuse(self, send: Send) -> None:
         body = json.dumps(self.refusal(self.limit)).encode()

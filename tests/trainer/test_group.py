@@ -43,16 +43,21 @@ def test_shards_hold_every_sample_once_with_partners_from_the_whole_batch() -> N
     assert all(part.partners is None for part in shard(_routed(random.Random(1), 3, 1), 2))
 
 
-def _train(settings: Settings, workers: int, batches: list[Routed]) -> tuple[list[dict[str, float]],
-                                                                              list[dict[str, torch.Tensor]]]:
+Adapter = dict[str, torch.Tensor]
+
+
+def _train(settings: Settings, workers: int,
+           batches: list[Routed]) -> tuple[Adapter, list[dict[str, float]], list[Adapter]]:
+    """The first rank's adapter before training, each step's metrics and every rank's adapter after."""
     from online_rl.trainer.group import WorkerGroup
 
     settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(
         update={"workers": workers, "cpus_per_worker": 1.0, "learning_rate": 1e-2})})
     group = WorkerGroup(settings, settings.trainer.model_dump(mode="json"))
     try:
+        initial = group.adapters()[0]
         metrics = [group.train_step(batch) for batch in batches]
-        return metrics, group.adapters()
+        return initial, metrics, group.adapters()
     finally:
         group.close()
 
@@ -67,14 +72,16 @@ def test_two_workers_train_the_same_adapter_as_one(tiny_model: Path, ray_runtime
     # cold-start KL term's anchors in two batches, one of them leaving a rank without any
     batches = [_routed(rng, 3, 4), _routed(rng, 4, 3, anchors=3), _routed(rng, 2, 1, anchors=1),
                _routed(rng, 0, 5)]
-    one_metrics, (one,) = _train(settings, 1, batches)
-    two_metrics, (first, second) = _train(settings, 2, batches)
-    initial = _train(settings, 1, [])[1][0]
+    initial, one_metrics, (one,) = _train(settings, 1, batches)
+    _, two_metrics, (first, second) = _train(settings, 2, batches)
     for name in one:
         assert torch.equal(first[name], second[name]), name  # the ranks agree exactly
     if precision == "fp32":
+        # sums over a different split round differently; Adam scales an element whose gradient is
+        # near zero up to about lr per step, so allow 1 % of each tensor's largest move (seen: 0.25 %)
         for name in one:
-            torch.testing.assert_close(first[name], one[name], rtol=1e-4, atol=1e-5)
+            moved = (one[name] - initial[name]).abs().max().item()
+            torch.testing.assert_close(first[name], one[name], rtol=0, atol=1e-2 * moved)
     else:
         # bfloat16 products round differently for different shard shapes, and Adam's first steps
         # move each weight by about +-lr whatever its gradient's size: compare the whole update

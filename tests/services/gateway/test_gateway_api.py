@@ -56,7 +56,7 @@ def test_keys_scopes_and_bad_input_get_clear_errors(make_stack: StackFactory) ->
 
     # the edge: bodies over the limit get 413 (a 1 GiB one refused at once, in bounded memory), a key
     # over its rate 429 with Retry-After, both as OpenAI errors
-    from tests.services.edge import huge_body_is_refused_fast_and_small
+    from tests.services.edge import huge_body_is_refused_early_and_small
 
     # burst 3: the streamed 1 GiB body spends one (its key is checked before the body is read), then two
     limits = {"max_body_bytes": 4096, "rate_limit_per_s": 0.01, "rate_burst": 3}
@@ -65,7 +65,7 @@ def test_keys_scopes_and_bad_input_get_clear_errors(make_stack: StackFactory) ->
     stack.restart_gateway()
     response = _post(stack, CHAT | {"messages": [{"role": "user", "content": "x" * 5000}]}, **stack.headers())
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
-    huge_body_is_refused_fast_and_small(stack.url + "/v1/chat/completions", stack.headers())
+    huge_body_is_refused_early_and_small(stack.url + "/v1/chat/completions", stack.headers())
     assert _post(stack, CHAT, **stack.headers()).status_code == 200
     assert _post(stack, CHAT, **stack.headers()).status_code == 200
     limited = _post(stack, CHAT, **stack.headers())

@@ -172,14 +172,14 @@ def test_adapter_loads_are_verified_and_failures_change_nothing(
 
 def test_big_bodies_get_413_and_a_key_over_its_rate_429_as_openai_errors(
         make_server: ServerFactory, tiny_model: Path) -> None:
-    from tests.services.edge import huge_body_is_refused_fast_and_small
+    from tests.services.edge import huge_body_is_refused_early_and_small
 
     server = make_server(tiny_model, "tiny-llama", max_body_bytes=4096, rate_limit_per_s=0.01, rate_burst=4)
     client = server.openai()
     with pytest.raises(openai.APIStatusError) as big:
         client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x" * 5000}])
     assert big.value.status_code == 413 and big.value.body["code"] == "request_too_large"  # type: ignore[index]
-    huge_body_is_refused_fast_and_small(server.url + "/v1/chat/completions",
+    huge_body_is_refused_early_and_small(server.url + "/v1/chat/completions",
                                         {"Authorization": f"Bearer {server.key}"})
     client.models.list()  # the 413s spent no tokens: refused before the key was checked
     client.models.list()
