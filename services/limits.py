@@ -10,6 +10,7 @@ every worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -64,10 +65,8 @@ class BodyLimit:
             started = True
             await send(message)
 
-        try:
+        with contextlib.suppress(_TooLarge):
             await self.app(scope, counted, guarded)
-        except _TooLarge:
-            pass
 
     async def _refuse(self, send: Send) -> None:
         body = json.dumps(self.refusal(self.limit)).encode()
