@@ -89,7 +89,13 @@ def test_keys_new_prints_a_key_and_its_hash() -> None:
     key, entry = lines["key"].strip(), lines["entry"].strip()
     info = ApiKeyStore([entry]).verify(key)
     assert info is not None and info.allows("feedback") and not info.allows("admin")
-    assert key not in entry
+    assert key not in entry and info.subject is None
+    bound = _cli("keys", "new", "--user", "alice@example.com")
+    lines = dict(line.split(":", 1) for line in bound.stdout.strip().splitlines())
+    info = ApiKeyStore([lines["entry"].strip()]).verify(lines["key"].strip())
+    assert info is not None and info.subject == "alice@example.com" and info.allows("feedback")
+    refused = _cli("keys", "new", "--user", "has spaces")
+    assert refused.returncode == 2 and "not a user id" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_serve_feedback_refuses_to_start_without_keys(tmp_path: Path) -> None:

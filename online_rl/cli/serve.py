@@ -8,7 +8,7 @@ import typer
 
 from online_rl.cli.health import announce_health
 from online_rl.config import load_settings
-from online_rl.ingest import new_key
+from online_rl.ingest import check_subject, new_key
 
 __all__ = ["keys_app", "serve_app"]
 
@@ -20,10 +20,15 @@ serve_app = typer.Typer(help="Run an HTTP service in the foreground.", no_args_i
 def keys_new(
     scopes: Annotated[str, typer.Option(
         help="Comma-separated scopes: 'feedback', 'inference', 'admin'; empty = all.")] = "",
+    user: Annotated[str | None, typer.Option(
+        help="Bind the key to this user id: it can chat and give feedback only as that user. Leave it "
+             "out for a backend that names its users itself.")] = None,
 ) -> None:
     """Make an API key: give the key to the client, store the entry in the config or a Secret."""
+    if user is not None:
+        check_subject(user, "--user")
     raw, digest = new_key()
-    entry = f"{digest} {scopes}".strip()
+    entry = " ".join(part for part in (digest, scopes, f"user={user}" if user else "") if part)
     typer.echo(f"key:   {raw}")
     typer.echo(f"entry: {entry}")
     typer.echo("Put the entry in feedback_api.api_keys, inference.api_keys or gateway.api_keys (or an "

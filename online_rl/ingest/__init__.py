@@ -9,6 +9,7 @@ from online_rl.ingest.auth import (
     KeyInfo,
     Unauthenticated,
     authorize,
+    check_subject,
     hash_key,
     new_key,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "Unauthenticated",
     "UserCaps",
     "authorize",
+    "check_subject",
     "hash_key",
     "new_key",
 ]

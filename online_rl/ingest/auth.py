@@ -1,12 +1,16 @@
 """API keys, stored only as SHA-256 hashes (in the config or a mounted Secret file).
 
-An entry is `<sha256 hex>` (every scope) or `<sha256 hex> <scope>[,<scope>...]`. A raw key is
-shown once, when `online-rl keys new` makes it; only its hash is ever stored.
+An entry is `<sha256 hex>` (every scope) or `<sha256 hex> <scope>[,<scope>...]`, optionally followed
+by `user=<id>`: a key bound to one user, which can speak only for that user (its chats are served as
+that user, its feedback must name that user). A key without `user=` belongs to a trusted backend that
+names its users itself. A raw key is shown once, when `online-rl keys new` makes it; only its hash is
+ever stored.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -14,9 +18,11 @@ from pathlib import Path
 
 from online_rl.errors import ConfigError, OnlineRLError
 
-__all__ = ["ApiKeyStore", "Forbidden", "KeyInfo", "Unauthenticated", "authorize", "hash_key", "new_key"]
+__all__ = ["ApiKeyStore", "Forbidden", "KeyInfo", "Unauthenticated", "authorize", "check_subject", "hash_key",
+           "new_key"]
 
 _ALL = "*"
+_SUBJECT = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")  # the events' user id
 
 
 def hash_key(raw: str) -> str:
@@ -30,15 +36,35 @@ def new_key() -> tuple[str, str]:
     return raw, hash_key(raw)
 
 
+def check_subject(subject: str, where: str = "the user") -> str:
+    """`subject` if it can be a key's user (an events' user id), else a `ConfigError` saying why."""
+    if not _SUBJECT.match(subject):
+        raise ConfigError(f"{where}: user={subject!r} is not a user id; use 1-128 letters, digits or "
+                          "._:@/+=- (`online-rl keys new --user <id>` writes the entry)")
+    return subject
+
+
 @dataclass(frozen=True)
 class KeyInfo:
-    """Who a verified key is: a short id (hash prefix, safe to log) and its scopes."""
+    """Who a verified key is: a short id (hash prefix, safe to log), its scopes and, for a key bound to
+    one user, that user's id (`subject`)."""
 
     key_id: str
     scopes: frozenset[str]
+    subject: str | None = None
 
     def allows(self, scope: str) -> bool:
         return _ALL in self.scopes or scope in self.scopes
+
+    def user_for(self, named: str | None) -> str | None:
+        """The user a request speaks for: a bound key's own user (naming another is `Forbidden`),
+        else the user the request names (None if it names none)."""
+        if self.subject is None:
+            return named
+        if named is not None and named != self.subject:
+            raise Forbidden(f"this API key is bound to user '{self.subject}' and may not speak for "
+                            f"'{named[:128]}'")
+        return self.subject
 
 
 class ApiKeyStore:
@@ -50,15 +76,20 @@ class ApiKeyStore:
             line = entry.split("#", 1)[0].strip()
             if not line:
                 continue
-            digest, _, scopes = line.partition(" ")
+            digest, *rest = line.split()
             digest = digest.lower()
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
                 raise ConfigError(
                     f"API key entry {number} is not a SHA-256 hex digest; store hashes, not keys "
                     "(`online-rl keys new` prints both)"
                 )
+            subjects = [check_subject(part[5:], f"API key entry {number}")
+                        for part in rest if part.startswith("user=")]
+            scopes = ",".join(part for part in rest if not part.startswith("user="))
+            if len(subjects) > 1:
+                raise ConfigError(f"API key entry {number}: give at most one user=<id>")
             names = frozenset(s.strip() for s in scopes.split(",") if s.strip()) or frozenset({_ALL})
-            self._keys[digest] = KeyInfo(digest[:8], names)
+            self._keys[digest] = KeyInfo(digest[:8], names, subjects[0] if subjects else None)
 
     @classmethod
     def from_sources(cls, hashes: Iterable[str], file: Path | None) -> ApiKeyStore:

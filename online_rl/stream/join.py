@@ -277,9 +277,16 @@ class JoinState:
         interaction = entry.interaction
         assert interaction is not None
         deadline = interaction.created_at + self.config.window_s
+        # Only the user the answer was served to may judge it (a key speaks only for its own user;
+        # the request id alone would let anyone who saw it rate the answer).
+        own = [f for f in entry.feedback if f.user_id == interaction.user_id]
+        if len(own) < len(entry.feedback):
+            self.stats["wrong_user"] += len(entry.feedback) - len(own)
+            logger.info("request %s: %d feedback events from users it was not served to; not trained on",
+                        interaction.request_id, len(entry.feedback) - len(own))
         # Feedback read before its interaction could not be checked for lateness then.
-        scored = [f for f in entry.feedback if f.created_at <= deadline]
-        self.stats["late_feedback"] += len(entry.feedback) - len(scored)
+        scored = [f for f in own if f.created_at <= deadline]
+        self.stats["late_feedback"] += len(own) - len(scored)
         if scored:
             reward, defaulted = self._reward(scored), False
         elif self.config.default_reward is not None:
@@ -319,6 +326,10 @@ class JoinState:
         this.preferences.remove(pref)
         self._changed.add(pref.request_id)
         a, b = this.interaction, other.interaction
+        if pref.user_id != a.user_id or pref.user_id != b.user_id:
+            self.stats["wrong_user"] += 1
+            logger.info("preference %s compares answers not both served to its user: dropped", pref.event_id)
+            return []
         if a.prompt_token_ids != b.prompt_token_ids:
             self.stats["pair_prompt_mismatch"] += 1
             logger.info("preference %s compares different prompts: dropped", pref.event_id)

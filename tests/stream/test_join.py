@@ -175,3 +175,24 @@ def test_a_sample_that_cannot_be_valid_is_dropped_not_raised() -> None:
     state.add_feedback(thumbs("r2", up=True, created_at=101.0))
     assert [s.sample_id for s in state.advance(200.0)] == ["s-r2"]
     assert state.stats["invalid_sample"] == 1
+
+
+def test_only_the_user_an_answer_was_served_to_can_judge_it() -> None:
+    state = _state(aggregation="sum")
+    state.add_interaction(interaction("r1", created_at=100.0))  # served to u1
+    state.add_feedback(thumbs("r1", up=False, created_at=101.0))
+    for n in range(5):  # someone who learnt the request id, posing as five other users
+        state.add_feedback(thumbs("r1", up=True, created_at=102.0, event_id=f"f{n}", user_id=f"x{n}"))
+    (sample,) = state.advance(111.0)
+    assert sample.reward == 0.0 and sample.label is False and sample.feedback_event_ids == [
+        "e-r1-101.0-False"]
+    assert state.stats["wrong_user"] == 5
+    # only forged feedback: nothing to train on (not even the default reward would be evidence)
+    state.add_interaction(interaction("r2", created_at=200.0))
+    state.add_feedback(thumbs("r2", up=True, created_at=201.0, user_id="x0"))
+    assert state.advance(211.0) == [] and state.stats["no_feedback"] == 1
+    # a preference between answers served to different users is no pair
+    state.add_interaction(interaction("a", created_at=300.0))
+    state.add_interaction(interaction("b", created_at=300.0, user_id="u2"))
+    assert state.add_feedback(preference("a", "b", created_at=301.0)) == []
+    assert state.stats["wrong_user"] == 7

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from online_rl.ingest import Forbidden, KeyInfo
 from services.feedback.deps import IngestDep, WriterKeyDep, authenticate
 from services.feedback.errors import ApiError
 from services.feedback.schemas import Accepted, BatchAccepted, ErrorBody, FeedbackBatchIn, FeedbackIn
@@ -50,6 +51,7 @@ async def post_feedback(request: Request) -> Response:
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
         ) from exc
     _check_dated([event], service)
+    _check_speaker([event], key)
     outcome = await service.accept([event], key)
     service.metrics.latency.labels("feedback").observe(time.perf_counter() - start)
     body = {"event_id": event.event_id, "request_id": event.request_id, "duplicate": bool(outcome.duplicates)}
@@ -64,11 +66,24 @@ async def post_feedback_batch(batch: FeedbackBatchIn, key: WriterKeyDep, service
         raise ApiError(422, "validation_error", f"events: {len(batch.events)} events in one batch",
                        fix=f"send at most {limit} events per batch")
     _check_dated(batch.events, service, "events.{}.")
+    _check_speaker(batch.events, key, "events.{}.")
     start = time.perf_counter()
     outcome = await service.accept(batch.events, key)
     service.metrics.latency.labels("batch").observe(time.perf_counter() - start)
     return BatchAccepted(accepted=len(outcome.accepted), duplicates=len(outcome.duplicates),
                          event_ids=[e.event_id for e in batch.events])
+
+
+def _check_speaker(events: list[FeedbackIn], key: KeyInfo, where: str = "") -> None:
+    """A key bound to one user speaks only for that user (its `user_id` must be the key's)."""
+    for number, event in enumerate(events):
+        try:
+            key.user_for(event.user_id)
+        except Forbidden as exc:
+            field = where.format(number) + "user_id"
+            raise ApiError(403, "forbidden", f"{field}: {exc}",
+                           fix=f"send user_id '{key.subject}' (the key's own user) or post with a key "
+                               "made for this user (`online-rl keys new --user <id>`)", field=field) from exc
 
 
 def _check_dated(events: list[FeedbackIn], service: FeedbackService, where: str = "") -> None:

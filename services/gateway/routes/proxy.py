@@ -18,7 +18,7 @@ import aiohttp
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
-from online_rl.ingest import KeyInfo
+from online_rl.ingest import Forbidden, KeyInfo
 from online_rl.rollout import Route
 from online_rl.rollout.replicas import ReplicaUnavailable
 from services.gateway.deps import CallerDep, ServiceDep
@@ -36,9 +36,9 @@ _RELAYED = ("x-request-id", "x-model-version")
 async def chat_completions(request: Request, service: ServiceDep, caller: CallerDep,
                            x_orl_version: Annotated[str | None, Header()] = None,
                            x_orl_user: Annotated[str | None, Header()] = None) -> Response:
-    """Answer a chat with the version the rollout assigns to the user (`user` field, else the
-    `X-ORL-User` header, else the API key). `X-ORL-Version: champion|challenger|<name>` forces one
-    (keys with the `tester` scope)."""
+    """Answer a chat with the version the rollout assigns to the user (a key bound to a user: that
+    user; else the `user` field, else the `X-ORL-User` header, else the API key).
+    `X-ORL-Version: champion|challenger|<name>` forces one (keys with the `tester` scope)."""
     return await _relay(service, request, "/v1/chat/completions", caller, x_orl_version, x_orl_user)
 
 
@@ -76,10 +76,15 @@ def _route(service: GatewayService, body: dict[str, Any], caller: KeyInfo, overr
         raise ApiError(403, "permission_error", "X-ORL-Version needs a key with the 'tester' scope "
                        "(forcing a version is for testing; real users follow the rollout)",
                        param="X-ORL-Version", code="insufficient_scope")
-    user = body.get("user") or header_user or f"key-{caller.key_id}"
-    if not isinstance(user, str) or len(user) > 256:
+    named = body.get("user") or header_user
+    if named is not None and (not isinstance(named, str) or len(named) > 256):
         raise ApiError(400, "invalid_request_error", "user must be a string of at most 256 characters "
                        "(the id the traffic split is sticky on)", param="user")
+    try:  # a key bound to one user is served as that user: it cannot pick another's arm
+        user = caller.user_for(named) or f"key-{caller.key_id}"
+    except Forbidden as exc:
+        raise ApiError(403, "permission_error", f"{exc}; leave `user` out (the key's own user is "
+                       "used) or send that user's key", param="user", code="user_mismatch") from exc
     try:
         return service.loop.route(user, override), user
     except ValueError as exc:

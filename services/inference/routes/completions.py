@@ -17,9 +17,10 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from online_rl.events import SamplingParams
+from online_rl.ingest import Forbidden, KeyInfo
 from online_rl.serving import Chunk, EngineError, Prepared, UnknownModel
 from services.inference.deps import CallerDep, ServiceDep
-from services.inference.errors import error_body
+from services.inference.errors import ApiError, error_body
 from services.inference.schemas import ChatRequest, CompletionRequest, usage
 from services.inference.service import InferenceService
 
@@ -30,7 +31,7 @@ router = APIRouter(prefix="/v1", tags=["completions"])
 _ANONYMOUS = "anonymous"
 
 
-def _prepare(service: InferenceService, body: ChatRequest | CompletionRequest) -> Prepared:
+def _prepare(service: InferenceService, body: ChatRequest | CompletionRequest, caller: KeyInfo) -> Prepared:
     config = service.settings.inference
     max_tokens = body.max_tokens
     if isinstance(body, ChatRequest) and body.max_completion_tokens is not None:
@@ -38,7 +39,12 @@ def _prepare(service: InferenceService, body: ChatRequest | CompletionRequest) -
     sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p,
                               max_tokens=max_tokens or config.max_tokens_default, seed=body.seed)
     session = (body.metadata or {}).get("session_id")
-    common: dict[str, Any] = {"model": body.model, "sampling": sampling, "user_id": body.user or _ANONYMOUS,
+    try:  # the interaction is recorded for the key's own user when the key is bound to one
+        user = caller.user_for(body.user) or _ANONYMOUS
+    except Forbidden as exc:
+        raise ApiError(403, "permission_error", f"{exc}; leave `user` out (the key's own user is "
+                       "used) or send that user's key", param="user", code="user_mismatch") from exc
+    common: dict[str, Any] = {"model": body.model, "sampling": sampling, "user_id": user,
                               "session_id": session, "max_tokens_unset": max_tokens is None}
     if isinstance(body, ChatRequest):
         return service.core.prepare(messages=[m.to_message() for m in body.messages], **common)
@@ -48,17 +54,18 @@ def _prepare(service: InferenceService, body: ChatRequest | CompletionRequest) -
 @router.post("/chat/completions")
 async def chat_completions(body: ChatRequest, service: ServiceDep, caller: CallerDep) -> Any:
     """Answer a chat. `model` is the base model id, an adapter version, or an alias."""
-    return await _answer(service, body, chat=True)
+    return await _answer(service, body, caller, chat=True)
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, service: ServiceDep, caller: CallerDep) -> Any:
     """Continue a raw text prompt (no chat template)."""
-    return await _answer(service, body, chat=False)
+    return await _answer(service, body, caller, chat=False)
 
 
-async def _answer(service: InferenceService, body: ChatRequest | CompletionRequest, chat: bool) -> Any:
-    prep = _prepare(service, body)
+async def _answer(service: InferenceService, body: ChatRequest | CompletionRequest, caller: KeyInfo,
+                  chat: bool) -> Any:
+    prep = _prepare(service, body, caller)
     if body.stream:
         usage_too = bool(body.stream_options and body.stream_options.include_usage)
         return _stream(service, prep, chat=chat, include_usage=usage_too)

@@ -32,6 +32,7 @@ class Api:
     topics: Topics
     key: str
     read_only_key: str
+    alice_key: str  # bound to the user "alice"
 
     def auth(self, key: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {key or self.key}"}
@@ -56,13 +57,15 @@ def make_api(make_bus: Callable[..., Bus], tmp_path: Path) -> Iterator[Callable[
     def make(bus: Bus | None = None, **api: Any) -> Api:
         key, digest = new_key()
         other, other_digest = new_key()
-        settings = make_settings(tmp_path, [digest, f"{other_digest} read"], **api)
+        alice, alice_digest = new_key()
+        settings = make_settings(tmp_path, [digest, f"{other_digest} read", f"{alice_digest} user=alice"],
+                                 **api)
         the_bus = bus or make_bus()
         app = create_app(settings, the_bus)
         client = TestClient(app)
         client.__enter__()
         made.append(client)
-        return Api(client, app, the_bus, Topics(settings.bus.topic_prefix), key, other)
+        return Api(client, app, the_bus, Topics(settings.bus.topic_prefix), key, other, alice)
 
     yield make
     for client in made:

@@ -105,7 +105,16 @@ def test_auth_is_required_and_scoped(api: Api) -> None:
     assert api.client.post("/v1/feedback", json=body, headers={"X-API-Key": api.key}).status_code == 202
     forbidden = api.client.post("/v1/feedback", json=thumbs_body(), headers=api.auth(api.read_only_key))
     assert forbidden.status_code == 403
-    assert len(api.feedback_on_bus()) == 1
+    # a key bound to a user speaks only for that user, one event or a batch (all or none)
+    own = api.client.post("/v1/feedback", json=thumbs_body(user="alice"), headers=api.auth(api.alice_key))
+    assert own.status_code == 202
+    posing = api.client.post("/v1/feedback", json=thumbs_body(user="bob"), headers=api.auth(api.alice_key))
+    assert posing.status_code == 403 and posing.json()["details"][0]["field"] == "user_id"
+    assert "alice" in posing.json()["details"][0]["fix"]
+    batch = {"events": [thumbs_body("r1", user="alice"), thumbs_body("r2", user="bob")]}
+    posing = api.client.post("/v1/feedback/batch", json=batch, headers=api.auth(api.alice_key))
+    assert posing.status_code == 403 and posing.json()["details"][0]["field"] == "events.1.user_id"
+    assert [e.user_id for e in api.feedback_on_bus()] == ["u1", "alice"]
 
 
 def test_body_and_batch_limits(make_api: Callable[..., Api]) -> None:

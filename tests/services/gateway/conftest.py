@@ -50,6 +50,7 @@ class Stack:
     upstream_key: str  # the replicas' key (inference, admin)
     model_dir: Path
     root: Path
+    alice_key: str = ""  # scope inference, bound to the user "alice"
     published: list[str] = field(default_factory=list)
     _gateway: ExitStack = field(default_factory=ExitStack)
 
@@ -113,7 +114,7 @@ class Stack:
 
 def stack_settings(root: Path, model_dir: Path, bootstrap: str, replicas: list[str],
                    **rollout: Any) -> tuple[Settings, dict[str, str]]:
-    keys = {name: new_key() for name in ("client", "tester", "admin", "upstream")}
+    keys = {name: new_key() for name in ("client", "tester", "admin", "upstream", "alice")}
     settings = Settings(
         cache_dir=root / "cache",
         kafka={"bootstrap_servers": bootstrap},  # type: ignore[arg-type]
@@ -124,7 +125,7 @@ def stack_settings(root: Path, model_dir: Path, bootstrap: str, replicas: list[s
                    "api_keys": [f"{keys['upstream'][1]} inference,admin"]},
         gateway={"replicas": replicas, "upstream_api_key": keys["upstream"][0],  # type: ignore[arg-type]
                  "api_keys": [f"{keys['client'][1]} inference", f"{keys['tester'][1]} inference,tester",
-                              f"{keys['admin'][1]} admin"],
+                              f"{keys['admin'][1]} admin", f"{keys['alice'][1]} inference user=alice"],
                  "replica_cooldown_s": 1.0,
                  "rollout": {"interval_s": 0.5, "reward_bucket_s": 1.0} | rollout},
     )
@@ -157,7 +158,7 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
             if joiner:
                 _start_joiner(stack, bus, topics)
             made = Stack(settings, "", replicas, bus, topics, keys["client"], keys["tester"], keys["admin"],
-                         keys["upstream"], steerable_model, root)
+                         keys["upstream"], steerable_model, root, keys["alice"])
             made.start_gateway()
             stack.callback(made._gateway.close)
             return made

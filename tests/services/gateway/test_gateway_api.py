@@ -5,6 +5,7 @@ answer and in the logged interaction, and the person's controls, audited and kep
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
@@ -44,6 +45,22 @@ def test_keys_scopes_and_bad_input_get_clear_errors(make_stack: StackFactory) ->
     assert response.status_code == 400 and response.json()["error"]["param"] == "X-ORL-Version"
     response = _post(stack, CHAT | {"user": 7}, **stack.headers())
     assert response.status_code == 400 and response.json()["error"]["param"] == "user"
+    # a key bound to a user is served as that user (so the traffic split, not the client, picks its
+    # arm) and cannot name another, in the body or the header
+    alice = {"Authorization": f"Bearer {stack.alice_key}"}
+    for named in ({"user": "bob"}, {"X-ORL-User": "bob"}):
+        body, headers = (CHAT | named, alice) if "user" in named else (CHAT, alice | named)
+        response = _post(stack, body, **headers)
+        error = response.json()["error"]
+        assert response.status_code == 403 and error["code"] == "user_mismatch"
+        assert error["param"] == "user" and "'alice'" in error["message"]
+    assert _post(stack, CHAT, **alice).status_code == 200
+    assert _post(stack, CHAT | {"user": "alice"}, **alice).status_code == 200
+    deadline, logged = time.monotonic() + 30, list[Interaction]()
+    while len(logged) < 2 and time.monotonic() < deadline:
+        logged = [decode(r.value or b"", Interaction) for r in stack.bus.read_all(stack.topics.interactions)]
+        time.sleep(0.2)
+    assert [i.user_id for i in logged] == ["alice", "alice"]
     response = stack.api("PUT", "/rollout/weight", json={"weight": 2})
     assert response.status_code == 400 and "weight" in response.json()["error"]["message"]
     response = stack.api("POST", "/rollout/pause")

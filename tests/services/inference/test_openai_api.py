@@ -141,6 +141,17 @@ def test_bad_requests_get_openai_errors(make_server: ServerFactory, tiny_model: 
                           headers={"Authorization": f"Bearer {all_scopes_key}"})
     assert scopeless.status_code == 403
     assert [i.request_id for i in wait_for_interactions(server, 1)] == [fits.id]  # refused: not logged
+    alice_key, digest = new_key()  # a key bound to one user: its answers are that user's, it names no other
+    server.app.state.service.keys = ApiKeyStore([f"{digest} inference user=alice"])
+    alice = openai.OpenAI(base_url=server.url + "/v1", api_key=alice_key, max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError) as posing:
+        alice.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}],
+                                      max_tokens=2, user="bob")
+    assert posing.value.body["code"] == "user_mismatch" and posing.value.body["param"] == "user"  # type: ignore[index]
+    own = alice.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}],
+                                        max_tokens=2)
+    logged = wait_for_interactions(server, 2)
+    assert [(i.request_id, i.user_id) for i in logged[1:]] == [(own.id, "alice")]
 
 
 def test_adapter_loads_are_verified_and_failures_change_nothing(
