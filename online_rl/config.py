@@ -231,6 +231,33 @@ class MlflowConfig(BaseModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="Name of the registered model that holds the trained adapters.",
     )
+    signing_key_file: Path | None = Field(
+        default=None,
+        description="The trainer's Ed25519 private key (PEM) that signs every version's lineage manifest "
+        "(`online-rl keys signing` makes one). Only the trainer needs it; keep it in a Secret.",
+    )
+    trusted_signers: list[str] = Field(
+        default_factory=list,
+        description="Public keys (base64, printed by `online-rl keys signing`) whose signatures serving "
+        "accepts. When set, a version whose manifest none of them signed is never loaded; empty loads "
+        "any version whose files match its manifest.",
+    )
+
+    @field_validator("trusted_signers")
+    @classmethod
+    def _public_keys(cls, keys: list[str]) -> list[str]:
+        import base64
+        import binascii
+
+        for key in keys:
+            try:
+                raw = base64.b64decode(key, validate=True)
+            except (binascii.Error, ValueError):
+                raw = b""
+            if len(raw) != 32:
+                raise ValueError(f"{key[:16]!r} is not an Ed25519 public key (base64 of 32 bytes); list the "
+                                 "`public:` line `online-rl keys signing` printed")
+        return keys
 
 
 class RayConfig(BaseModel):

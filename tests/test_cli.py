@@ -113,6 +113,18 @@ def test_adapter_seal_then_verify_and_a_changed_file_is_named(tiny_model: Path, 
     sealed = _cli("adapter", "seal", str(folder), "--base", "tiny-llama")
     assert sealed.returncode == 0, sealed.stderr
     assert _cli("adapter", "verify", str(folder), "--base", "tiny-llama").returncode == 0
+    made = _cli("keys", "signing", str(tmp_path / "signing.pem"))
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "signing.pem").stat().st_mode & 0o077 == 0  # the private key: owner only
+    public = dict(line.split(":", 1) for line in made.stdout.strip().splitlines())["public"].strip()
+    again = _cli("keys", "signing", str(tmp_path / "signing.pem"))
+    assert again.returncode == 2 and "exists" in again.stderr  # never overwritten
+    unsigned = _cli("adapter", "verify", str(folder), "--signer", public)
+    assert unsigned.returncode == 2 and "is not signed" in unsigned.stderr
+    signed = _cli("adapter", "seal", str(folder), "--base", "tiny-llama",
+                  "--sign", str(tmp_path / "signing.pem"))
+    assert signed.returncode == 0 and public in signed.stdout, signed.stderr
+    assert _cli("adapter", "verify", str(folder), "--signer", public).returncode == 0
     (folder / "adapter_config.json").write_text((folder / "adapter_config.json").read_text() + " ")
     changed = _cli("adapter", "verify", str(folder))
     assert changed.returncode == 2 and "adapter_config.json has sha256" in changed.stderr

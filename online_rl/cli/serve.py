@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from online_rl.cli.health import announce_health
 from online_rl.config import load_settings
+from online_rl.errors import ConfigError
 from online_rl.ingest import check_subject, new_key
 
 __all__ = ["keys_app", "serve_app"]
@@ -33,6 +36,30 @@ def keys_new(
     typer.echo(f"entry: {entry}")
     typer.echo("Put the entry in feedback_api.api_keys, inference.api_keys or gateway.api_keys (or an "
                "api_keys_file); the key is not stored anywhere.", err=True)
+
+
+@keys_app.command("signing")
+def keys_signing(
+    out: Annotated[Path, typer.Argument(help="Where to write the private key (PEM, mode 0600); it must "
+                                        "not exist.")],
+) -> None:
+    """Make the trainer's version-signing key: the private key goes to OUT (for the trainer's
+    mlflow.signing_key_file), the public key is printed (for serving's mlflow.trusted_signers)."""
+    from online_rl.registry import new_signing_key
+
+    pem, public = new_signing_key()
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as exc:
+        raise ConfigError(f"{out} exists; give a new path (a signing key is never overwritten)") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot write {out}: {exc.strerror}") from exc
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem)
+    typer.echo(f"private: {out}")
+    typer.echo(f"public:  {public}")
+    typer.echo("Give the trainer mlflow.signing_key_file (from a Secret); list the public key in serving's "
+               "mlflow.trusted_signers.", err=True)
 
 
 @serve_app.command("feedback")

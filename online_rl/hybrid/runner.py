@@ -26,7 +26,7 @@ from online_rl.bus import Bus, CommitFailed, TopicPartition, open_bus
 from online_rl.bus.topics import Topics
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
-from online_rl.registry import PublishedVersion, publish_adapter, write_lineage
+from online_rl.registry import PublishedVersion, load_signing_key, publish_adapter, write_lineage
 from online_rl.stream import Stream
 
 if TYPE_CHECKING:
@@ -165,7 +165,9 @@ def _publish(settings: Settings, client: Any, run_id: str, loop: ColocatedPPO, s
         folder = Path(tmp) / "adapter"
         loop.save_adapter(str(folder))
         parent = state.published[-1].serving_name if state.published else None
-        write_lineage(folder, settings.model.name, offsets=offsets, parent_version=parent,
+        key_file = settings.mlflow.signing_key_file
+        write_lineage(folder, settings.model.name, load_signing_key(key_file) if key_file else None,
+                      offsets=offsets, parent_version=parent,
                       config_hash=config_hash, eval=evaluation)
         published = publish_adapter(client, run_id, folder, settings.mlflow.registered_model,
                                     artifact_path=f"hybrid/step-{state.steps:09d}")

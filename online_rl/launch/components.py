@@ -17,8 +17,9 @@ from pathlib import Path
 
 from online_rl.config import Settings
 
-__all__ = ["KAFKA_SCRIPT", "Component", "Wiring", "bus_kind", "plan", "threads"]
+__all__ = ["KAFKA_SCRIPT", "SIGNING_KEY", "Component", "Wiring", "bus_kind", "plan", "threads"]
 
+SIGNING_KEY = "signing.pem"  # in the run folder: the trainer's version-signing key (signing.pub beside it)
 KAFKA_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local" / "kafka" / "kafka.sh"
 
 
@@ -118,12 +119,19 @@ def plan(
     else:
         env["ORL_BUS__EMBEDDED_PATH"] = str(run / "bus" / "bus.db")
     inference_threads, trainer_threads = threads(settings)
+    inference_env = {"OMP_NUM_THREADS": str(inference_threads)}
+    signing, public = run / SIGNING_KEY, run / SIGNING_KEY.replace(".pem", ".pub")
+    if public.is_file() and not settings.mlflow.signing_key_file and not settings.mlflow.trusted_signers:
+        # the run's own signing key (`up` makes it): serving loads only versions this trainer signed
+        inference_env["ORL_MLFLOW__TRUSTED_SIGNERS"] = json.dumps([public.read_text().strip()])
     env["OMP_NUM_THREADS"] = "1"  # the light components; the two heavy ones get theirs below
     trainer_env = {"OMP_NUM_THREADS": str(max(1, int(trainer_threads))),
                    "ORL_TRAINER__CPUS_PER_WORKER": str(trainer_threads)}
     if not settings.ray.address:  # the trainer's local Ray runtime must hold every worker's CPUs
         needed = math.ceil(trainer_threads * settings.trainer.workers)
         trainer_env["ORL_RAY__NUM_CPUS"] = str(max(settings.ray.num_cpus, needed))
+    if "ORL_MLFLOW__TRUSTED_SIGNERS" in inference_env:
+        trainer_env["ORL_MLFLOW__SIGNING_KEY_FILE"] = str(signing)
     wiring = Wiring(
         run,
         bus,
@@ -166,7 +174,7 @@ def plan(
             {settings.inference.port: "inference.port"},
             f"{inference_url}/readyz",
             f"{inference_url}/v1",
-            {"OMP_NUM_THREADS": str(inference_threads)},
+            inference_env,
         ),
         Component(
             "feedback",

@@ -30,7 +30,7 @@ from filelock import FileLock
 from online_rl.config import Settings
 from online_rl.errors import OnlineRLError
 from online_rl.ingest import new_key
-from online_rl.launch.components import KAFKA_SCRIPT, Component, Wiring, plan
+from online_rl.launch.components import KAFKA_SCRIPT, SIGNING_KEY, Component, Wiring, plan
 
 __all__ = ["ComponentStatus", "LaunchError", "RunKeys", "down", "read_keys", "read_state", "state_lock",
            "status", "up", "watchdog_alive"]
@@ -176,6 +176,23 @@ def _make_keys(run_dir: Path) -> RunKeys:
     return RunKeys(user, admin)
 
 
+def _make_signing_key(run_dir: Path) -> None:
+    """The run's version-signing key: the trainer signs each version with it, serving trusts only it
+    (unless the config names its own `mlflow.signing_key_file` or `mlflow.trusted_signers`). Kept
+    across `up`s, like the versions in the run's MLflow store that it signed."""
+    from online_rl.registry import new_signing_key
+
+    key, public_file = run_dir / SIGNING_KEY, run_dir / SIGNING_KEY.replace(".pem", ".pub")
+    if key.is_file() and public_file.is_file():
+        return
+    pem, public = new_signing_key()
+    key.unlink(missing_ok=True)
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem)
+    public_file.write_text(public + "\n")
+
+
 def _kafka(run: Path, settings: Settings, action: str) -> None:
     env = {
         **os.environ,
@@ -271,6 +288,7 @@ def up(settings: Settings, config_file: Path | None = None, fresh: bool = False,
     for sub in ("logs", "mlflow", "rollout", "adapters", "trainer", "bus", "kafka"):
         (run / sub).mkdir(parents=True, exist_ok=True)
     keys = _make_keys(run)
+    _make_signing_key(run)
     wiring, components = plan(settings, config.resolve() if config else None, keys_file, keys.admin)
     state = {"wiring": wiring.as_dict(), "started_at": time.time(), "components": {}}
     _write_json(run / _STATE, state)

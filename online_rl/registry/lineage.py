@@ -4,19 +4,30 @@ Every adapter folder carries `lineage.json` beside `adapter_model.safetensors`. 
 adapter whose files do not match the hashes recorded there, whose base model is not the one being
 served, or that holds anything but safetensors weights (a pickle can run code when loaded).
 
+The hashes alone vouch only for themselves: anyone can write a matching manifest. So the trainer signs
+the manifest with its Ed25519 key (`mlflow.signing_key_file`), and serving, given the trainer's public
+keys (`mlflow.trusted_signers`), loads only versions whose manifest one of them signed. The signature
+covers every field, the files' hashes included, so it pins the weights too.
+
 This module knows nothing about MLflow, engines or the trainer; it reads and writes files.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from online_rl.errors import OnlineRLError
+from online_rl.errors import ConfigError, OnlineRLError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 __all__ = [
     "ADAPTER_WEIGHTS",
@@ -25,6 +36,9 @@ __all__ = [
     "LineageManifest",
     "file_sha256",
     "folder_files",
+    "load_signing_key",
+    "new_signing_key",
+    "public_key_text",
     "read_lineage",
     "verify_adapter_dir",
     "write_folder",
@@ -66,6 +80,68 @@ class LineageManifest(BaseModel):
         default=None, description="What the KL term held the adapter to: 'base' or a champion's serving name."
     )
     created_at: float = Field(default_factory=time.time)
+    signer: str | None = Field(default=None, description="The signing public key (base64), if signed.")
+    signature: str | None = Field(default=None, description="Ed25519 signature (base64) of the rest.")
+
+    def signed_bytes(self) -> bytes:
+        """What the signature covers: every other field, as canonical JSON."""
+        fields = self.model_dump(mode="json", exclude={"signature"})
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def new_signing_key() -> tuple[bytes, str]:
+    """A fresh Ed25519 key: its private PEM (for the trainer's Secret) and public text (for serving)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    return pem, public_key_text(key)
+
+
+def public_key_text(key: Ed25519PrivateKey) -> str:
+    """The public half of `key` as it is listed in `mlflow.trusted_signers` (base64 of 32 bytes)."""
+    from cryptography.hazmat.primitives import serialization
+
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+def load_signing_key(path: Path) -> Ed25519PrivateKey:
+    """The trainer's signing key from its PEM file (`mlflow.signing_key_file`)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"mlflow.signing_key_file: cannot read an unencrypted PEM private key from {path} "
+                          f"({exc}); make one with `online-rl keys signing`") from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ConfigError(f"mlflow.signing_key_file: {path} is not an Ed25519 key; make one with "
+                          "`online-rl keys signing`")
+    return key
+
+
+def _check_signature(manifest: LineageManifest, trusted: Sequence[str], folder: Path) -> None:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if manifest.signer is None or manifest.signature is None:
+        raise AdapterRejected(f"{folder / LINEAGE_NAME} is not signed, and this service loads only versions "
+                              "signed by a key in mlflow.trusted_signers (the trainer signs what it makes; "
+                              "sign a hand-made adapter with `online-rl adapter seal --sign`)")
+    if manifest.signer not in trusted:
+        raise AdapterRejected(f"{folder / LINEAGE_NAME} is signed by {manifest.signer[:12]}…, which is not "
+                              "in mlflow.trusted_signers; only the trainer's key may make servable versions")
+    try:
+        Ed25519PublicKey.from_public_bytes(base64.b64decode(manifest.signer, validate=True)).verify(
+            base64.b64decode(manifest.signature, validate=True), manifest.signed_bytes())
+    except (InvalidSignature, ValueError) as exc:
+        raise AdapterRejected(f"{folder / LINEAGE_NAME}: the signature does not match the manifest; it "
+                              "was changed after the trainer signed it (or forged): re-download the "
+                              "version") from exc
 
 
 def file_sha256(path: Path) -> str:
@@ -88,14 +164,19 @@ def _check_files(folder: Path) -> None:
             raise AdapterRejected(f"{folder} has no {name}; it is not a PEFT LoRA adapter folder")
 
 
-def write_lineage(folder: Path, base_model: str, **fields: object) -> LineageManifest:
-    """Hash the adapter files in `folder` and write its `lineage.json` (other fields as given)."""
+def write_lineage(folder: Path, base_model: str, signing_key: Ed25519PrivateKey | None = None,
+                  **fields: object) -> LineageManifest:
+    """Hash the adapter files in `folder` and write its `lineage.json` (other fields as given), signed
+    with `signing_key` when one is given."""
     folder = Path(folder)
     _check_files(folder)
     files = {p.name: file_sha256(p) for p in sorted(folder.iterdir())
              if p.is_file() and p.name != LINEAGE_NAME}
     manifest = LineageManifest(base_model=base_model, adapter_sha256=files[ADAPTER_WEIGHTS],
                                files=files, **fields)  # type: ignore[arg-type]
+    if signing_key is not None:
+        manifest.signer = public_key_text(signing_key)
+        manifest.signature = base64.b64encode(signing_key.sign(manifest.signed_bytes())).decode()
     (folder / LINEAGE_NAME).write_text(manifest.model_dump_json(indent=2))
     return manifest
 
@@ -113,9 +194,11 @@ def read_lineage(folder: Path) -> LineageManifest:
         raise AdapterRejected(f"{path} is not a valid lineage manifest: {exc}") from exc
 
 
-def verify_adapter_dir(folder: Path, base_model: str | None = None) -> LineageManifest:
+def verify_adapter_dir(folder: Path, base_model: str | None = None,
+                       trusted: Sequence[str] = ()) -> LineageManifest:
     """Check that `folder` is a safetensors LoRA adapter whose files match its lineage manifest
-    (and, when given, that it was trained on `base_model`); return the manifest."""
+    (and, when given, that it was trained on `base_model`, and that a key in `trusted` signed the
+    manifest); return the manifest."""
     folder = Path(folder)
     if not folder.is_dir():
         raise AdapterRejected(f"{folder} is not a folder; give the adapter's folder")
@@ -140,6 +223,8 @@ def verify_adapter_dir(folder: Path, base_model: str | None = None) -> LineageMa
                 f"{name} has sha256 {actual[:12]}… but the lineage manifest says {expected[:12]}…; "
                 "the files were changed or corrupted after the version was made: re-download it"
             )
+    if trusted:
+        _check_signature(manifest, trusted, folder)
     return manifest
 
 

@@ -19,7 +19,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,9 +76,10 @@ class AdapterManager:
     """The versions an engine serves, the aliases that point at them, and their leases."""
 
     def __init__(self, engine: Engine, base_model: str, download_dir: Path,
-                 tracking_uri: str | None = None) -> None:
+                 tracking_uri: str | None = None, trusted_signers: Sequence[str] = ()) -> None:
         self._engine = engine
         self.base_model = base_model
+        self.trusted_signers = tuple(trusted_signers)  # empty: any manifest whose hashes match
         self._download_dir = Path(download_dir)
         self._tracking_uri = tracking_uri
         self._versions: dict[str, AdapterInfo] = {}
@@ -138,7 +139,8 @@ class AdapterManager:
             if version == self.base_model or version in self._aliases or version == alias:
                 raise VersionConflict(f"{version!r} is already the base model's or an alias's name; "
                                       "choose another version name")
-            manifest = await asyncio.to_thread(verify_adapter_dir, folder, self.base_model)
+            manifest = await asyncio.to_thread(verify_adapter_dir, folder, self.base_model,
+                                               self.trusted_signers)
             known = self._known.get(version)
             if known is not None and known != manifest.adapter_sha256:
                 raise VersionConflict(

@@ -38,6 +38,7 @@ from online_rl.registry import (
     adapter_files,
     alias_version,
     file_sha256,
+    load_signing_key,
     publish_adapter,
     serving_name,
     write_lineage,
@@ -169,6 +170,8 @@ class Trainer:
                  "machine": choice.machine or machine_line(choice.precision)}
         client.log_batch(self._run_id, params=_params(flat))
         self.base_sha256 = _base_fingerprint(self.settings.model_dir)
+        key_file = self.settings.mlflow.signing_key_file
+        self.signing_key = load_signing_key(key_file) if key_file is not None else None
         self.cold_start: list[TrainingSample] = []
         if self.config.cold_start is not None and self.config.cold_start_weight > 0:
             self.cold_start = load_cold_start(self.config.cold_start, self.config.algorithm,
@@ -446,8 +449,8 @@ class Trainer:
         with tempfile.TemporaryDirectory(prefix="orl-publish-") as tmp:
             folder = Path(tmp) / "adapter"
             self.group.save_adapter(str(folder))
-            write_lineage(folder, self.settings.model.name, base_model_sha256=self.base_sha256,
-                          offsets=offsets,
+            write_lineage(folder, self.settings.model.name, self.signing_key,
+                          base_model_sha256=self.base_sha256, offsets=offsets,
                           reward_mapping_version=",".join(sorted(state.reward_mapping_versions)) or None,
                           behaviour_versions=sorted(state.behaviour_versions),
                           parent_version=state.parent_version, config_hash=self.config_hash, eval=evaluation,

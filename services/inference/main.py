@@ -46,7 +46,8 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
 
     tokenizer = AutoTokenizer.from_pretrained(str(settings.model_dir))
     manager = AdapterManager(engine, settings.model.name, settings.adapters_dir,
-                             tracking_uri=settings.mlflow_tracking_uri)
+                             tracking_uri=settings.mlflow_tracking_uri,
+                             trusted_signers=settings.mlflow.trusted_signers)
     log = InteractionLogger(service_bus, topics.interactions, max_buffer=api.log_buffer)
     service = InferenceService(settings, InferenceCore(engine, manager, tokenizer, log))
 

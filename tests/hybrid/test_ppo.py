@@ -20,7 +20,7 @@ from online_rl.simulate import PROMPTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
-STEPS, KL_TARGET = 10, 6.0
+STEPS, KL_TARGET = 8, 6.0
 
 
 def _chat_ids(tokenizer: Any, question: str) -> list[int]:

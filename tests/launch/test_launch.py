@@ -101,6 +101,9 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
     assert any("gateway ready in" in line for line in lines)
     keys = read_keys(settings.run_dir)
     assert os.stat(settings.run_dir / "keys.json").st_mode & 0o077 == 0  # the raw keys: owner only
+    # the trainer signs versions with the run's key and serving loads only what it signed (the
+    # promotion below would fail otherwise)
+    assert os.stat(settings.run_dir / "signing.pem").st_mode & 0o077 == 0
 
     # Wired together: the MLflow UI answers; users chat through the gateway and post feedback with the
     # user key, which cannot steer rollouts; the admin key can.

@@ -101,8 +101,13 @@ def settings(kafka_bootstrap: str, tiny_model: Path, tmp_path: Path) -> Settings
 def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
     settings: Settings, ray_runtime: None, tiny_model: Path, tmp_path: Path
 ) -> None:
+    from online_rl.registry import new_signing_key, verify_adapter_dir
     from online_rl.tracking import mlflow_client
 
+    pem, public = new_signing_key()  # the trainer signs what it publishes (serving may trust only that)
+    (tmp_path / "signing.pem").write_bytes(pem)
+    settings = settings.model_copy(update={"mlflow": settings.mlflow.model_copy(
+        update={"signing_key_file": tmp_path / "signing.pem"})})
     bus, topics = _kafka_topics(settings, partitions=2)
     rng = random.Random(0)
     producer = bus.producer()
@@ -130,7 +135,7 @@ def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
 
     folders = [Path(mlflow.artifacts.download_artifacts(f"models:/policy/{v}", dst_path=str(tmp_path / v)))
                for v in ("1", "2")]
-    manifests = [read_lineage(folder) for folder in folders]
+    manifests = [verify_adapter_dir(folder, TINY_NAME, [public]) for folder in folders]
     for manifest in manifests:
         assert manifest.base_model == TINY_NAME and manifest.base_model_sha256
         assert manifest.reward_mapping_version == "default-test"

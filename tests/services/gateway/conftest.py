@@ -84,14 +84,19 @@ class Stack:
         response = httpx.get(url + "/admin/adapters", headers=auth)
         return {a["name"] for a in response.json()["adapters"]}
 
-    def publish(self, word: str, strength: float = 1.0) -> str:
-        """Register an adapter that makes the model say `word`, with the `challenger` alias."""
+    def publish(self, word: str, strength: float = 1.0, signing_key: Any = None) -> str:
+        """Register an adapter that makes the model say `word`, with the `challenger` alias (its
+        manifest signed with `signing_key`, an Ed25519 private key, when given)."""
         from transformers import AutoConfig, AutoTokenizer
 
         config = AutoConfig.from_pretrained(str(self.model_dir))
         token = AutoTokenizer.from_pretrained(str(self.model_dir)).encode(word, add_special_tokens=False)[0]
         folder = steering_adapter(self.root / f"adapter-{len(self.published)}", TINY_NAME, config.hidden_size,
                                   config.vocab_size, token, strength)
+        if signing_key is not None:
+            from online_rl.registry import write_lineage
+
+            write_lineage(folder, TINY_NAME, signing_key)
         client = mlflow_client(self.settings)
         experiment = ensure_experiment(client, "gateway-test", self.settings)
         run = client.create_run(experiment)
@@ -113,14 +118,14 @@ class Stack:
 
 
 def stack_settings(root: Path, model_dir: Path, bootstrap: str, replicas: list[str],
-                   **rollout: Any) -> tuple[Settings, dict[str, str]]:
+                   trusted_signers: tuple[str, ...] = (), **rollout: Any) -> tuple[Settings, dict[str, str]]:
     keys = {name: new_key() for name in ("client", "tester", "admin", "upstream", "alice")}
     settings = Settings(
         cache_dir=root / "cache",
         kafka={"bootstrap_servers": bootstrap},  # type: ignore[arg-type]
         bus={"topic_prefix": f"g{uuid.uuid4().hex[:8]}", "partitions": 2},  # type: ignore[arg-type]
         model={"name": TINY_NAME, "path": model_dir},  # type: ignore[arg-type]
-        mlflow={"registered_model": "policy"},  # type: ignore[arg-type]
+        mlflow={"registered_model": "policy", "trusted_signers": list(trusted_signers)},  # type: ignore[arg-type]
         inference={"engine": "transformers", "max_model_len": 512,  # type: ignore[arg-type]
                    "api_keys": [f"{keys['upstream'][1]} inference,admin"]},
         gateway={"replicas": replicas, "upstream_api_key": keys["upstream"][0],  # type: ignore[arg-type]
@@ -142,10 +147,11 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
     with ExitStack() as stack:
 
         def make(extra_replicas: tuple[str, ...] = (), joiner: bool = True, dns: bool = False,
-                 replica_cooldown_s: float = 1.0, **rollout: Any) -> Stack:
+                 replica_cooldown_s: float = 1.0, trusted_signers: tuple[str, ...] = (),
+                 **rollout: Any) -> Stack:
             root = tmp_path / uuid.uuid4().hex[:6]
             settings, keys = stack_settings(root, steerable_model, kafka_bootstrap, ["http://unused"],
-                                            **rollout)
+                                            trusted_signers, **rollout)
             bus: Bus = KafkaBus(kafka_bootstrap)
             stack.callback(bus.close)
             topics = Topics(settings.bus.topic_prefix)

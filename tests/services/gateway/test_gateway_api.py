@@ -175,3 +175,23 @@ def test_controls_are_audited_and_survive_a_restart(make_stack: StackFactory) ->
     assert refused.returncode == 2 and "cannot pause a rollout that is promoted" in refused.stderr
     anonymous = _cli("rollout", "status", "--url", stack.url, "--key", "orl_wrong")
     assert anonymous.returncode == 2 and "(401)" in anonymous.stderr
+
+
+def test_a_version_the_trainer_did_not_sign_is_loaded_nowhere_and_never_rolled_out(
+        make_stack: StackFactory) -> None:
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from online_rl.registry import new_signing_key
+
+    pem, trainer = new_signing_key()
+    stack = make_stack(joiner=False, trusted_signers=(trainer,))
+    forged = stack.publish(GOOD)  # registered by someone who can reach MLflow; its hashes match
+    stack.wait(lambda s: s["rollout"] is not None and s["rollout"]["challenger"] == forged
+               and s["rollout"]["status"] == "rolled_back")
+    rejected = stack.api("GET", "/rollout/history").json()["entries"][-1]
+    assert rejected["action"] == "reject" and rejected["weight"] == 0, rejected
+    assert "is not signed" in rejected["reason"], rejected["reason"]
+    assert all(f"policy-v{forged}" not in stack.replica_adapters(url) for url in stack.replicas)
+    signed = stack.publish(GOOD, signing_key=load_pem_private_key(pem, password=None))
+    stack.wait(lambda s: s["rollout"]["challenger"] == signed and s["rollout"]["status"] == "running")
+    assert all(f"policy-v{signed}" in stack.replica_adapters(url) for url in stack.replicas)

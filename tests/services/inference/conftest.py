@@ -68,8 +68,12 @@ def make_server(tmp_path: Path) -> Iterator[ServerFactory]:
     """Serve the inference app for `model_dir` (served as `name`) on a real bus."""
     with ExitStack() as stack:
 
-        def make(model_dir: Path, name: str, bus: Bus | None = None, **inference: Any) -> Server:
+        def make(model_dir: Path, name: str, bus: Bus | None = None, trusted_signers: tuple[str, ...] = (),
+                 **inference: Any) -> Server:
             settings, key, admin_key = server_settings(tmp_path / "cache", model_dir, name, **inference)
+            if trusted_signers:
+                mlflow = settings.mlflow.model_copy(update={"trusted_signers": list(trusted_signers)})
+                settings = settings.model_copy(update={"mlflow": mlflow})
             the_bus = bus or EmbeddedBus(tmp_path / f"bus-{uuid.uuid4().hex[:6]}.db")
             app = create_app(settings, bus=the_bus)
             url = stack.enter_context(serve(app))

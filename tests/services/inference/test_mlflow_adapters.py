@@ -60,3 +60,29 @@ def test_versions_load_from_mlflow_by_number_and_alias_and_tampering_is_refused(
     missing = server.admin("POST", "/admin/adapters", json={"source": "models:/policy@nope"})
     assert missing.status_code == 422 and "no version of 'policy' with alias 'nope'" in missing.text
     assert server.admin("GET", "/admin/adapters").json()["aliases"] == {"policy": "policy-v1"}
+
+
+def test_with_trusted_signers_only_versions_the_trainer_signed_are_loaded(
+    make_server: ServerFactory, tiny_model: Path, adapters: list[Path], tmp_path: Path
+) -> None:
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from online_rl.registry import new_signing_key, write_lineage
+
+    pem, trainer = new_signing_key()
+    server = make_server(tiny_model, "tiny-llama", trusted_signers=(trainer,))
+    settings = server.app.state.service.settings
+    folders = {}
+    for name, key in (("unsigned", None), ("forged", new_signing_key()[0]), ("trainer", pem)):
+        folders[name] = shutil.copytree(adapters[0], tmp_path / name)
+        signing = load_pem_private_key(key, password=None) if key else None
+        write_lineage(folders[name], "tiny-llama", signing)  # type: ignore[arg-type]
+    # registered by anyone who can reach MLflow, with hashes that match: still not served
+    assert register(settings, folders["unsigned"]) == "1" and register(settings, folders["forged"]) == "2"
+    for version, reason in (("1", "is not signed"), ("2", "not in mlflow.trusted_signers")):
+        refused = server.admin("POST", "/admin/adapters", json={"source": f"models:/policy/{version}"})
+        assert refused.status_code == 422 and reason in refused.json()["error"]["message"], refused.text
+    assert register(settings, folders["trainer"]) == "3"
+    loaded = server.admin("POST", "/admin/adapters", json={"source": "models:/policy/3"})
+    assert loaded.status_code == 201, loaded.text
+    assert [a["name"] for a in server.admin("GET", "/admin/adapters").json()["adapters"]] == ["policy-v3"]
