@@ -28,7 +28,12 @@ def _post(stack: Stack, body: object, **headers: str) -> httpx.Response:
 
 
 def test_keys_scopes_and_bad_input_get_clear_errors(make_stack: StackFactory) -> None:
-    stack = make_stack(joiner=False)
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from online_rl.registry import new_signing_key
+
+    pem, trainer = new_signing_key()  # the replicas load only versions this key signed
+    stack = make_stack(joiner=False, trusted_signers=(trainer,))
     response = _post(stack, CHAT)
     assert response.status_code == 401
     assert "missing or unknown API key" in response.json()["error"]["message"]
@@ -70,6 +75,19 @@ def test_keys_scopes_and_bad_input_get_clear_errors(make_stack: StackFactory) ->
     response = stack.api("POST", "/rollout/start", json={"version": "999"})
     assert response.status_code == 409 and "no version 999" in response.json()["error"]["message"]
     assert stack.api("GET", "/rollout/history").json() == {"entries": []}  # nothing half-written
+
+    # a version registered by someone who can reach MLflow, its hashes matching but not signed by the
+    # trainer: loaded by no replica, rejected before any exposure; the trainer's next one rolls out
+    forged = stack.publish(GOOD)
+    stack.wait(lambda s: s["rollout"] is not None and s["rollout"]["challenger"] == forged
+               and s["rollout"]["status"] == "rolled_back")
+    rejected = stack.api("GET", "/rollout/history").json()["entries"][-1]
+    assert rejected["action"] == "reject" and rejected["weight"] == 0, rejected
+    assert "is not signed" in rejected["reason"], rejected["reason"]
+    assert all(f"policy-v{forged}" not in stack.replica_adapters(url) for url in stack.replicas)
+    signed = stack.publish(GOOD, signing_key=load_pem_private_key(pem, password=None))
+    stack.wait(lambda s: s["rollout"]["challenger"] == signed and s["rollout"]["status"] == "running")
+    assert all(f"policy-v{signed}" in stack.replica_adapters(url) for url in stack.replicas)
 
     # the edge: bodies over the limit get 413 (a 1 GiB one refused at once, in bounded memory), a key
     # over its rate 429 with Retry-After, both as OpenAI errors
@@ -176,22 +194,3 @@ def test_controls_are_audited_and_survive_a_restart(make_stack: StackFactory) ->
     anonymous = _cli("rollout", "status", "--url", stack.url, "--key", "orl_wrong")
     assert anonymous.returncode == 2 and "(401)" in anonymous.stderr
 
-
-def test_a_version_the_trainer_did_not_sign_is_loaded_nowhere_and_never_rolled_out(
-        make_stack: StackFactory) -> None:
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-    from online_rl.registry import new_signing_key
-
-    pem, trainer = new_signing_key()
-    stack = make_stack(joiner=False, trusted_signers=(trainer,))
-    forged = stack.publish(GOOD)  # registered by someone who can reach MLflow; its hashes match
-    stack.wait(lambda s: s["rollout"] is not None and s["rollout"]["challenger"] == forged
-               and s["rollout"]["status"] == "rolled_back")
-    rejected = stack.api("GET", "/rollout/history").json()["entries"][-1]
-    assert rejected["action"] == "reject" and rejected["weight"] == 0, rejected
-    assert "is not signed" in rejected["reason"], rejected["reason"]
-    assert all(f"policy-v{forged}" not in stack.replica_adapters(url) for url in stack.replicas)
-    signed = stack.publish(GOOD, signing_key=load_pem_private_key(pem, password=None))
-    stack.wait(lambda s: s["rollout"]["challenger"] == signed and s["rollout"]["status"] == "running")
-    assert all(f"policy-v{signed}" in stack.replica_adapters(url) for url in stack.replicas)
