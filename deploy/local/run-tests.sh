@@ -15,7 +15,10 @@ kafka=deploy/local/kafka/kafka.sh
 # The broker and the embedded model are made ready in the background while ruff and mypy run (mypy
 # alone takes a minute on a fresh clone): the same steps, side by side.
 scratch=$(mktemp -d)
-trap 'kill "${model_job:-}" 2>/dev/null || true; bash "$kafka" stop || true; rm -rf "$scratch"' EXIT
+# (the broker's start is waited for before it is stopped: stopping first would find no broker, and the
+# start would then leave one running)
+trap 'kill "${model_job:-}" 2>/dev/null || true; wait "${kafka_job:-}" 2>/dev/null || true
+      bash "$kafka" stop || true; rm -rf "$scratch"' EXIT
 bash "$kafka" start > "$scratch/bootstrap" 2> "$scratch/kafka.log" &
 kafka_job=$!
 .venv/bin/online-rl model prepare > "$scratch/model.log" 2>&1 &

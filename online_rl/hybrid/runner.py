@@ -76,6 +76,8 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
         raise ConfigError(f"model.path={settings.model_dir} holds no model (no config.json): run "
                           "`online-rl model prepare` for the embedded default, or set model.path")
     config = settings.hybrid
+    key_file = settings.mlflow.signing_key_file  # read now: a bad key fails the start, not a publish
+    signing_key = load_signing_key(key_file) if key_file is not None else None
     bus = bus or open_bus(settings)
     topic = Topics(settings.bus.topic_prefix).samples
     stream: Stream[TrainingSample] = Stream.from_topic(topic, bus, group_id=config.group_id)
@@ -115,7 +117,7 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
                 if on_step is not None:
                     on_step(loop, metrics)
                 if state.steps % config.publish_every_steps == 0:
-                    _publish(settings, client, run_id, loop, state, config_hash)
+                    _publish(settings, client, run_id, loop, state, config_hash, signing_key)
                     _commit(stream, state)
             if (max_steps is not None and state.steps >= max_steps) or (stop is not None and stop.is_set()):
                 break
@@ -153,7 +155,7 @@ def _metrics(values: dict[str, float], step: int) -> list[Any]:
 
 
 def _publish(settings: Settings, client: Any, run_id: str, loop: ColocatedPPO, state: HybridRun,
-             config_hash: str) -> None:
+             config_hash: str, signing_key: Any) -> None:
     offsets: dict[str, dict[str, list[int]]] = {}
     for tp, end in sorted(state.offsets.items()):
         first = state.published_offsets.get(tp, 0)
@@ -165,9 +167,7 @@ def _publish(settings: Settings, client: Any, run_id: str, loop: ColocatedPPO, s
         folder = Path(tmp) / "adapter"
         loop.save_adapter(str(folder))
         parent = state.published[-1].serving_name if state.published else None
-        key_file = settings.mlflow.signing_key_file
-        write_lineage(folder, settings.model.name, load_signing_key(key_file) if key_file else None,
-                      offsets=offsets, parent_version=parent,
+        write_lineage(folder, settings.model.name, signing_key, offsets=offsets, parent_version=parent,
                       config_hash=config_hash, eval=evaluation)
         published = publish_adapter(client, run_id, folder, settings.mlflow.registered_model,
                                     artifact_path=f"hybrid/step-{state.steps:09d}")

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from online_rl.errors import ConfigError, OnlineRLError
 
-__all__ = ["ApiKeyStore", "Forbidden", "KeyInfo", "Unauthenticated", "authorize", "check_subject", "hash_key",
-           "new_key"]
+__all__ = ["SCOPES", "ApiKeyStore", "Forbidden", "KeyInfo", "Unauthenticated", "authorize", "check_subject",
+           "hash_key", "new_key"]
 
 _ALL = "*"
 _SUBJECT = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")  # the events' user id
+SCOPES = ("feedback", "inference", "admin", "tester")  # what the services check
 
 
 def hash_key(raw: str) -> str:
@@ -62,8 +63,8 @@ class KeyInfo:
         if self.subject is None:
             return named
         if named is not None and named != self.subject:
-            raise Forbidden(f"this API key is bound to user '{self.subject}' and may not speak for "
-                            f"'{named[:128]}'")
+            shown = named[:128] if isinstance(named, str) else type(named).__name__
+            raise Forbidden(f"this API key is bound to user '{self.subject}' and may not speak for '{shown}'")
         return self.subject
 
 
@@ -83,12 +84,19 @@ class ApiKeyStore:
                     f"API key entry {number} is not a SHA-256 hex digest; store hashes, not keys "
                     "(`online-rl keys new` prints both)"
                 )
-            subjects = [check_subject(part[5:], f"API key entry {number}")
-                        for part in rest if part.startswith("user=")]
-            scopes = ",".join(part for part in rest if not part.startswith("user="))
+            # `user=<id>` may stand on its own or in the comma-separated list: a key meant for one user
+            # must never come out bound to none
+            tokens = [t.strip() for part in rest for t in part.split(",") if t.strip()]
+            where = f"API key entry {number}"
+            subjects = [check_subject(t[5:], where) for t in tokens if t.startswith("user=")]
+            scopes = [t for t in tokens if not t.startswith("user=")]
             if len(subjects) > 1:
                 raise ConfigError(f"API key entry {number}: give at most one user=<id>")
-            names = frozenset(s.strip() for s in scopes.split(",") if s.strip()) or frozenset({_ALL})
+            odd = [t for t in scopes if t not in SCOPES]
+            if odd:  # a typo would make a key that can do nothing, or a user id with a space a scope
+                raise ConfigError(f"{where}: {odd[0]!r} is not a scope; the scopes are {', '.join(SCOPES)} "
+                                  "(comma-separated; none = all but admin), and a user is given as user=<id>")
+            names = frozenset(scopes) or frozenset({_ALL})
             self._keys[digest] = KeyInfo(digest[:8], names, subjects[0] if subjects else None)
 
     @classmethod

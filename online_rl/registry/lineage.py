@@ -83,10 +83,12 @@ class LineageManifest(BaseModel):
     signer: str | None = Field(default=None, description="The signing public key (base64), if signed.")
     signature: str | None = Field(default=None, description="Ed25519 signature (base64) of the rest.")
 
-    def signed_bytes(self) -> bytes:
-        """What the signature covers: every other field, as canonical JSON."""
-        fields = self.model_dump(mode="json", exclude={"signature"})
-        return json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+def _signed_bytes(stored: dict[str, object]) -> bytes:
+    """What a signature covers: every other field of the manifest as stored (not as this version of the
+    model would re-serialise it, so a field added later is covered too), as canonical JSON."""
+    fields = {k: v for k, v in stored.items() if k != "signature"}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def new_signing_key() -> tuple[bytes, str]:
@@ -128,6 +130,7 @@ def _check_signature(manifest: LineageManifest, trusted: Sequence[str], folder: 
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+    stored = json.loads((folder / LINEAGE_NAME).read_text())  # read_lineage has parsed it already
     if manifest.signer is None or manifest.signature is None:
         raise AdapterRejected(f"{folder / LINEAGE_NAME} is not signed, and this service loads only versions "
                               "signed by a key in mlflow.trusted_signers (the trainer signs what it makes; "
@@ -137,7 +140,7 @@ def _check_signature(manifest: LineageManifest, trusted: Sequence[str], folder: 
                               "in mlflow.trusted_signers; only the trainer's key may make servable versions")
     try:
         Ed25519PublicKey.from_public_bytes(base64.b64decode(manifest.signer, validate=True)).verify(
-            base64.b64decode(manifest.signature, validate=True), manifest.signed_bytes())
+            base64.b64decode(manifest.signature, validate=True), _signed_bytes(stored))
     except (InvalidSignature, ValueError) as exc:
         raise AdapterRejected(f"{folder / LINEAGE_NAME}: the signature does not match the manifest; it "
                               "was changed after the trainer signed it (or forged): re-download the "
@@ -174,11 +177,13 @@ def write_lineage(folder: Path, base_model: str, signing_key: Ed25519PrivateKey 
              if p.is_file() and p.name != LINEAGE_NAME}
     manifest = LineageManifest(base_model=base_model, adapter_sha256=files[ADAPTER_WEIGHTS],
                                files=files, **fields)  # type: ignore[arg-type]
+    # unsigned: no signature fields at all, so that serving from before signing still reads it
+    stored = manifest.model_dump(mode="json", exclude={"signer", "signature"})
     if signing_key is not None:
-        manifest.signer = public_key_text(signing_key)
-        manifest.signature = base64.b64encode(signing_key.sign(manifest.signed_bytes())).decode()
-    (folder / LINEAGE_NAME).write_text(manifest.model_dump_json(indent=2))
-    return manifest
+        stored["signer"] = public_key_text(signing_key)
+        stored["signature"] = base64.b64encode(signing_key.sign(_signed_bytes(stored))).decode()
+    (folder / LINEAGE_NAME).write_text(json.dumps(stored, indent=2, allow_nan=False))
+    return LineageManifest.model_validate(stored)
 
 
 def read_lineage(folder: Path) -> LineageManifest:
@@ -225,6 +230,12 @@ def verify_adapter_dir(folder: Path, base_model: str | None = None,
             )
     if trusted:
         _check_signature(manifest, trusted, folder)
+        # the engine is handed the whole folder: with signed versions, nothing unsigned may ride along
+        extra = sorted(p.name for p in folder.iterdir() if p.name != LINEAGE_NAME and p.name not in recorded)
+        if extra:
+            raise AdapterRejected(f"{folder} holds files its signed manifest does not list "
+                                  f"({', '.join(extra)}); they were added after the trainer signed it: "
+                                  "re-download the version")
     return manifest
 
 

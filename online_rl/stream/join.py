@@ -173,6 +173,9 @@ class JoinState:
         if feedback.event_id in entry.event_ids:
             self.stats["duplicate_feedback"] += 1
             return []
+        if entry.interaction is not None and feedback.user_id != entry.interaction.user_id:
+            self.stats["wrong_user"] += 1  # kept out at once: it may not use up the request's slots
+            return []
         if len(entry.event_ids) >= self.config.max_feedback_per_request:
             # bounded state: one request's changelog record must stay far below the broker's message size
             self.stats["feedback_over_cap"] += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,8 @@ def test_only_a_manifest_the_trainer_signed_is_trusted(adapter: Path, tmp_path: 
     manifest = write_lineage(signed, "tiny", key, parent_version="policy-v1")
     assert manifest.signer == public and verify_adapter_dir(signed, "tiny", [public]).signature
     assert verify_adapter_dir(adapter, "tiny").signature is None  # no trusted keys: hashes only
+    # an unsigned manifest has no signature fields at all (serving from before signing reads it)
+    assert not {"signer", "signature"} & set(json.loads((adapter / "lineage.json").read_text()))
 
     # unsigned, signed by another key, or a signed manifest edited afterwards: refused
     with pytest.raises(AdapterRejected, match=r"is not signed.*mlflow.trusted_signers"):
@@ -87,6 +90,10 @@ def test_only_a_manifest_the_trainer_signed_is_trusted(adapter: Path, tmp_path: 
     (edited / "lineage.json").write_text(text.replace("policy-v1", "policy-v9"))
     with pytest.raises(AdapterRejected, match=r"signature does not match"):
         verify_adapter_dir(edited, "tiny", [public])
+    riding = copy(signed, tmp_path / "riding")  # a file added beside the signed ones
+    (riding / "tokenizer.json").write_text("{}")
+    with pytest.raises(AdapterRejected, match=r"files its signed manifest does not list \(tokenizer.json\)"):
+        verify_adapter_dir(riding, "tiny", [public])
     # new weights with the hashes rewritten to match, the trainer's signature kept: refused
     swapped = copy(signed, tmp_path / "swapped")
     weights = swapped / "adapter_model.safetensors"

@@ -58,8 +58,8 @@ def make_api(make_bus: Callable[..., Bus], tmp_path: Path) -> Iterator[Callable[
         key, digest = new_key()
         other, other_digest = new_key()
         alice, alice_digest = new_key()
-        settings = make_settings(tmp_path, [digest, f"{other_digest} read", f"{alice_digest} user=alice"],
-                                 **api)
+        entries = [digest, f"{other_digest} inference", f"{alice_digest} user=alice"]
+        settings = make_settings(tmp_path, entries, **api)
         the_bus = bus or make_bus()
         app = create_app(settings, the_bus)
         client = TestClient(app)
