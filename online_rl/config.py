@@ -14,12 +14,12 @@ import os
 from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from online_rl.errors import ConfigError
 
@@ -86,6 +86,98 @@ class KafkaConfig(BaseModel):
                     "(several servers separated by commas)"
                 )
         return value.strip()
+
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT",
+        description="How clients talk to the brokers: TLS (SSL), SASL authentication, or both (SASL_SSL).",
+    )
+    sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "OAUTHBEARER"] | None = Field(
+        default=None,
+        description="The SASL mechanism, required with SASL_PLAINTEXT or SASL_SSL. OAUTHBEARER takes its "
+        "token endpoint and client credentials from `client` (librdkafka's sasl.oauthbearer.* options).",
+    )
+    sasl_username: str | None = Field(default=None, description="The SASL user (SCRAM and PLAIN).")
+    sasl_password: SecretStr | None = Field(
+        default=None,
+        description="The SASL user's password (SCRAM and PLAIN); pass it as ORL_KAFKA__SASL_PASSWORD from a "
+        "Secret rather than in the file.",
+    )
+    ssl_ca_location: Path | None = Field(
+        default=None,
+        description="PEM file of the CA that signed the brokers' certificates; empty uses the system's CAs.",
+    )
+    ssl_certificate_location: Path | None = Field(
+        default=None, description="PEM client certificate, for brokers that authenticate clients by TLS."
+    )
+    ssl_key_location: Path | None = Field(
+        default=None, description="PEM private key of `ssl_certificate_location`."
+    )
+    client: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="More librdkafka options passed to every producer, consumer and admin client (e.g. "
+        "sasl.oauthbearer.token.endpoint.url). The options the fields above set are refused here.",
+    )
+
+    @model_validator(mode="after")
+    def _check_security(self) -> KafkaConfig:
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol.endswith("SSL")
+        if sasl and self.sasl_mechanism is None:
+            raise ValueError(f"kafka.sasl_mechanism is required with security_protocol "
+                             f"{self.security_protocol}; set it to SCRAM-SHA-512 (what Strimzi's "
+                             "scram-sha-512 users speak), SCRAM-SHA-256, PLAIN or OAUTHBEARER")
+        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
+            raise ValueError("kafka.sasl_* is set but security_protocol is "
+                             f"{self.security_protocol}; set security_protocol to SASL_SSL "
+                             "(or SASL_PLAINTEXT)")
+        if sasl and self.sasl_mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN") and (
+                not self.sasl_username or self.sasl_password is None):
+            raise ValueError("kafka.sasl_username and kafka.sasl_password are required with "
+                             f"{self.sasl_mechanism}; set the password with ORL_KAFKA__SASL_PASSWORD")
+        if not tls and (self.ssl_ca_location or self.ssl_certificate_location or self.ssl_key_location):
+            raise ValueError("kafka.ssl_* is set but security_protocol is "
+                             f"{self.security_protocol}; set security_protocol to SSL or SASL_SSL")
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise ValueError("kafka.ssl_certificate_location and kafka.ssl_key_location go together; "
+                             "set both or neither")
+        for key in self.client:
+            if key in _OWNED_CLIENT_OPTIONS:
+                raise ValueError(f"kafka.client.{key} is set by the typed kafka settings; use "
+                                 f"{_OWNED_CLIENT_OPTIONS[key]} instead")
+        return self
+
+    def client_options(self) -> dict[str, Any]:
+        """The librdkafka options every client of this cluster needs, bootstrap servers excepted."""
+        options: dict[str, Any] = {"security.protocol": self.security_protocol.lower()}
+        if self.sasl_mechanism:
+            options["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            options["sasl.username"] = self.sasl_username
+        if self.sasl_password is not None:
+            options["sasl.password"] = self.sasl_password.get_secret_value()
+        for option, path in (("ssl.ca.location", self.ssl_ca_location),
+                             ("ssl.certificate.location", self.ssl_certificate_location),
+                             ("ssl.key.location", self.ssl_key_location)):
+            if path is not None:
+                if not path.is_file():
+                    raise ConfigError(f"kafka.{option.replace('.', '_')}: {path} is not a readable file; "
+                                      "mount the certificate there or fix the path")
+                options[option] = str(path)
+        options.update(self.client)
+        return options
+
+
+_OWNED_CLIENT_OPTIONS = {
+    "bootstrap.servers": "kafka.bootstrap_servers",
+    "security.protocol": "kafka.security_protocol",
+    "sasl.mechanism": "kafka.sasl_mechanism",
+    "sasl.mechanisms": "kafka.sasl_mechanism",
+    "sasl.username": "kafka.sasl_username",
+    "sasl.password": "kafka.sasl_password",
+    "ssl.ca.location": "kafka.ssl_ca_location",
+    "ssl.certificate.location": "kafka.ssl_certificate_location",
+    "ssl.key.location": "kafka.ssl_key_location",
+}
 
 
 class BusConfig(BaseModel):
@@ -236,12 +328,25 @@ class MlflowConfig(BaseModel):
         description="The trainer's Ed25519 private key (PEM) that signs every version's lineage manifest "
         "(`online-rl keys signing` makes one). Only the trainer needs it; keep it in a Secret.",
     )
-    trusted_signers: list[str] = Field(
+    trusted_signers: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Public keys (base64, printed by `online-rl keys signing`) whose signatures serving "
         "accepts. When set, a version whose manifest none of them signed is never loaded; empty loads "
-        "any version whose files match its manifest.",
+        "any version whose files match its manifest. In the environment: a JSON list, or keys separated "
+        "by commas or spaces.",
     )
+
+    @field_validator("trusted_signers", mode="before")
+    @classmethod
+    def _split_signers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [key for key in text.replace(",", " ").split() if key]
+        return value
 
     @field_validator("trusted_signers")
     @classmethod

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from online_rl.config import Settings
 
-__all__ = ["ensure_experiment", "mlflow_client"]
+__all__ = ["ensure_experiment", "mlflow_client", "registry_artifact_roots"]
 
 
 def mlflow_client(settings: Settings) -> MlflowClient:
@@ -52,3 +52,14 @@ def ensure_experiment(client: MlflowClient, name: str, settings: Settings) -> st
     if "://" not in root:
         ensure_writable(Path(root))
     return str(client.create_experiment(name, artifact_location=f"{root.rstrip('/')}/{name}"))
+
+
+def registry_artifact_roots(settings: Settings) -> list[str]:
+    """Where the registry's versions may keep their files: what serving accepts as a version's source
+    (see `online_rl.registry.check_version_source`). A tracking server's own store (mlflow-artifacts:)
+    when there is one, and the configured artifact root."""
+    server = settings.mlflow_tracking_uri.startswith(("http://", "https://"))
+    roots = ["mlflow-artifacts:"] if server else []
+    if settings.mlflow.artifact_root is not None or not server:
+        roots.append(settings.mlflow_artifact_root)
+    return roots

@@ -87,9 +87,10 @@ def _free_port() -> int:
 class Broker:
     """A broker of this test's own, which the test stops and restarts (same data)."""
 
-    def __init__(self) -> None:
+    def __init__(self, **env: str) -> None:
         port = _free_port()
-        self.env = {**os.environ, "ORL_KAFKA_PORT": str(port), "ORL_KAFKA_CONTROLLER_PORT": str(_free_port())}
+        self.env = {**os.environ, "ORL_KAFKA_PORT": str(port), "ORL_KAFKA_CONTROLLER_PORT": str(_free_port()),
+                    **env}
         self.bootstrap = f"127.0.0.1:{port}"
 
     def run(self, action: str) -> None:
@@ -104,6 +105,32 @@ class Broker:
 @pytest.fixture
 def broker() -> Iterator[Broker]:
     own = Broker()
+    own.run("start")
+    yield own
+    own.run("reset")
+
+
+class SecuredBroker(Broker):
+    """A broker whose only client listener asks for TLS and SASL SCRAM-SHA-512."""
+
+    user, password = "orl-test", "orl-test-password"
+
+    def __init__(self, tls: Path) -> None:
+        super().__init__(ORL_KAFKA_SCRAM_USERS=f"{self.user}:{self.password}", ORL_KAFKA_TLS_DIR=str(tls))
+        self.ca = tls / "ca.pem"
+
+    def kafka_settings(self, password: str | None = None) -> dict[str, str]:
+        """The `kafka:` section of a config that reaches this broker."""
+        return {"bootstrap_servers": self.bootstrap, "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": self.user,
+                "sasl_password": password or self.password, "ssl_ca_location": str(self.ca)}
+
+
+@pytest.fixture(scope="session")
+def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]:
+    from tests.factories import tls_folder
+
+    own = SecuredBroker(tls_folder(tmp_path_factory.mktemp("kafka-tls")))
     own.run("start")
     yield own
     own.run("reset")

@@ -152,3 +152,44 @@ def steering_adapter(out_dir: Path, base_model: str, hidden_size: int, vocab_siz
     (out_dir / "adapter_config.json").write_text(json.dumps(config))
     write_lineage(out_dir, base_model)
     return out_dir
+
+
+def tls_folder(out: Path) -> Path:
+    """A CA and a broker certificate for 127.0.0.1, as deploy/local/kafka/kafka.sh reads them
+    (server.pem: key, then chain; ca.pem)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    valid = (now - datetime.timedelta(hours=1), now + datetime.timedelta(days=2))
+
+    def cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name,
+             signer: ec.EllipticCurvePrivateKey, ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(issuer).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number())
+                   .not_valid_before(valid[0]).not_valid_after(valid[1])
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "online-rl test CA")])
+    ca_cert = cert("online-rl test CA", ca_key, ca_name, ca_key, ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    server = cert("127.0.0.1", key, ca_name, ca_key, ca=False)
+    pem = serialization.Encoding.PEM
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ca.pem").write_bytes(ca_cert.public_bytes(pem))
+    (out / "server.pem").write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        + server.public_bytes(pem) + ca_cert.public_bytes(pem))
+    return out

@@ -68,3 +68,48 @@ def test_trainer_settings_that_cannot_work_are_refused(tmp_path: Path, yaml: str
     config.write_text(yaml)
     with pytest.raises(ConfigError, match=message):
         load_settings(config)
+
+
+@pytest.mark.parametrize(("yaml", "message"), [
+    ("kafka:\n  security_protocol: SASL_SSL\n",
+     r"kafka.sasl_mechanism is required with security_protocol SASL_SSL"),
+    ("kafka:\n  security_protocol: SASL_SSL\n  sasl_mechanism: SCRAM-SHA-512\n  sasl_username: u\n",
+     r"kafka.sasl_username and kafka.sasl_password are required .* ORL_KAFKA__SASL_PASSWORD"),
+    ("kafka:\n  sasl_mechanism: PLAIN\n",
+     r"security_protocol is PLAINTEXT; set security_protocol to SASL_SSL"),
+    ("kafka:\n  ssl_ca_location: /ca.pem\n", r"kafka.ssl_\* is set but security_protocol is PLAINTEXT"),
+    ("kafka:\n  security_protocol: SSL\n  ssl_key_location: /k.pem\n", r"go together"),
+    ("kafka:\n  client:\n    sasl.password: x\n",
+     r"kafka.client.sasl.password is set by .* use kafka.sasl_password"),
+    ("kafka:\n  security_protocol: TLS\n", r"kafka.security_protocol"),
+])
+def test_kafka_security_settings_that_cannot_work_are_refused(tmp_path: Path, yaml: str,
+                                                              message: str) -> None:
+    config = tmp_path / "orl.yaml"
+    config.write_text(yaml)
+    with pytest.raises(ConfigError, match=message):
+        load_settings(config)
+
+
+def test_kafka_security_reaches_the_client_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    config = tmp_path / "orl.yaml"
+    config.write_text("kafka:\n  security_protocol: SASL_SSL\n  sasl_mechanism: SCRAM-SHA-512\n"
+                      f"  sasl_username: joiner\n  ssl_ca_location: {ca}\n"
+                      "  client:\n    client.id: orl-joiner\n")
+    monkeypatch.setenv("ORL_KAFKA__SASL_PASSWORD", "from-a-secret")
+    settings = load_settings(config)
+    assert "from-a-secret" not in repr(settings.kafka)  # a secret, never printed
+    with pytest.raises(ConfigError, match=f"kafka.ssl_ca_location: {ca} is not a readable file"):
+        settings.kafka.client_options()
+    ca.write_text("a CA")
+    assert settings.kafka.client_options() == {
+        "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "joiner",
+        "sasl.password": "from-a-secret", "ssl.ca.location": str(ca), "client.id": "orl-joiner"}
+
+
+def test_trusted_signers_come_as_a_json_list_or_separated_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    one, two = "A" * 43 + "=", "B" * 42 + "A="
+    for text in (f'["{one}", "{two}"]', f"{one},{two}", f"{one} {two}\n"):
+        monkeypatch.setenv("ORL_MLFLOW__TRUSTED_SIGNERS", text)
+        assert load_settings().mlflow.trusted_signers == [one, two]

@@ -61,7 +61,7 @@ def open_bus(settings: Settings) -> Bus:
     if settings.kafka.bootstrap_servers:
         from online_rl.bus.kafka import KafkaBus
 
-        return KafkaBus(settings.kafka.bootstrap_servers)
+        return KafkaBus(settings.kafka.bootstrap_servers, extra=settings.kafka.client_options())
     from online_rl.bus.embedded import EmbeddedBus
 
     return EmbeddedBus(settings.bus_path)

@@ -46,6 +46,25 @@ def _tp(tp: TopicPartition, offset: int = ck.OFFSET_INVALID) -> ck.TopicPartitio
     return ck.TopicPartition(tp.topic, tp.partition, offset)
 
 
+class _LastError:
+    """librdkafka's error callback: keeps the last client-level error, so that a timeout can say why
+    (a refused password or an untrusted certificate shows up here and nowhere else)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def __call__(self, error: ck.KafkaError) -> None:
+        self.text = error.str()
+        if error.code() == ck.KafkaError._AUTHENTICATION:
+            self.text += " (check kafka.sasl_username and kafka.sasl_password)"
+        elif error.code() == ck.KafkaError._SSL:
+            self.text += (" (check kafka.ssl_ca_location: it must hold the CA that signed the brokers' "
+                          "certificates)")
+
+    def why(self) -> str:
+        return f"; the last error the client saw: {self.text}" if self.text else ""
+
+
 class KafkaBus(Bus):
     """Producers, consumers and topic admin on a Kafka cluster."""
 
@@ -56,7 +75,8 @@ class KafkaBus(Bus):
         consumer_extra: Mapping[str, Any] | None = None,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
-        self._extra = dict(extra or {})
+        self._last_error = _LastError()
+        self._extra = {"error_cb": self._last_error, **(extra or {})}
         self._consumer_extra = {**self._extra, **(consumer_extra or {})}
         self._admin = AdminClient({"bootstrap.servers": bootstrap_servers, **self._extra})
 
@@ -64,7 +84,10 @@ class KafkaBus(Bus):
         try:
             return self._admin.list_topics(topic=topic, timeout=timeout)
         except ck.KafkaException as exc:
-            raise BusUnavailable(f"Kafka at {self.bootstrap_servers} did not answer: {exc}") from exc
+            self._admin.poll(0)  # serves the error callback
+            raise BusUnavailable(
+                f"Kafka at {self.bootstrap_servers} did not answer: {exc}{self._last_error.why()}"
+            ) from exc
 
     def create_topic(self, name: str, partitions: int = 1, compact: bool = False) -> None:
         config = {"cleanup.policy": "compact"} if compact else {}
@@ -76,6 +99,12 @@ class KafkaBus(Bus):
         except ck.KafkaException as exc:
             if exc.args[0].code() != ck.KafkaError.TOPIC_ALREADY_EXISTS:
                 raise BusError(f"could not create topic {name!r}: {exc}") from exc
+        except TimeoutError as exc:
+            self._admin.poll(0)
+            raise BusUnavailable(
+                f"Kafka at {self.bootstrap_servers} did not create topic {name!r} within 30 s"
+                f"{self._last_error.why()}"
+            ) from exc
         # The controller confirms before every broker's metadata has the topic: wait until the
         # metadata shows it, so that a lookup right after creation does not call it unknown.
         deadline = time.monotonic() + 10
@@ -140,7 +169,8 @@ class _KafkaProducer(Producer):
             try:
                 self._p.init_transactions(60)
             except ck.KafkaException as exc:
-                raise BusUnavailable(f"could not start transactional producer: {exc}") from exc
+                why = extra["error_cb"].why() if isinstance(extra.get("error_cb"), _LastError) else ""
+                raise BusUnavailable(f"could not start transactional producer: {exc}{why}") from exc
 
     def _on_delivery(self, err: ck.KafkaError | None, msg: Any) -> None:
         if err is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +21,8 @@ from online_rl.registry.lineage import folder_files, verify_adapter_dir
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-__all__ = ["PublishedVersion", "adapter_files", "alias_version", "download_version", "publish_adapter",
+__all__ = ["PublishedVersion", "adapter_files", "alias_version", "check_version_source", "download_version",
+           "publish_adapter",
            "serving_name"]
 
 log = logging.getLogger(__name__)
@@ -93,15 +95,47 @@ def alias_version(client: MlflowClient, registered_model: str, alias: str) -> st
         raise
 
 
-def download_version(tracking_uri: str, registered_model: str, version: str, dest: Path) -> Path:
+def check_version_source(client: MlflowClient, registered_model: str, version: str, source: str,
+                         allowed_roots: Sequence[str]) -> None:
+    """Raise ValueError unless `source` lies inside the artifacts of the run that registered the
+    version, and that run's artifacts lie under one of `allowed_roots` (the registry's own store):
+    a version registered by hand with a source elsewhere is never fetched."""
+    uri = f"models:/{registered_model}/{version}"
+    run_id = client.get_model_version(registered_model, version).run_id
+    if not run_id:
+        raise ValueError(f"{uri} was registered without a run; only versions logged from a training run are "
+                         "served (publish it with `online-rl adapter publish`)")
+    run_root = _plain(client.get_run(run_id).info.artifact_uri).rstrip("/")
+    source = _plain(source)
+    if ".." in source.split("/") or not (source == run_root or source.startswith(run_root + "/")):
+        raise ValueError(f"{uri}'s source {source!r} lies outside the artifacts of run {run_id} "
+                         f"({run_root}); it was not published by the trainer and is not fetched")
+    roots = [_plain(root).rstrip("/") for root in allowed_roots]
+    if not any(run_root == root or run_root.startswith(root + ("" if root.endswith(":") else "/"))
+               for root in roots):
+        raise ValueError(f"{uri}'s run {run_id} keeps its artifacts at {run_root}, outside the registry's "
+                         f"artifact store ({', '.join(allowed_roots)}); set mlflow.artifact_root if that "
+                         "store is yours")
+
+
+def _plain(uri: str) -> str:
+    """A local file URI as the path it names (MLflow writes local artifact roots either way)."""
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def download_version(tracking_uri: str, registered_model: str, version: str, dest: Path,
+                     allowed_roots: Sequence[str] | None = None) -> Path:
     """Download a registered version's files into `dest` from the store at `tracking_uri` (its model
     registry too, whatever this process's global MLflow settings say); returns the folder holding
-    `adapter_config.json`. Raises MLflow's exception when the store does not have it."""
+    `adapter_config.json`. Raises MLflow's exception when the store does not have it. With
+    `allowed_roots`, the version's source is checked first (`check_version_source`)."""
     import mlflow.artifacts
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     source = client.get_model_version_download_uri(registered_model, version)
+    if allowed_roots is not None:
+        check_version_source(client, registered_model, version, source, allowed_roots)
     got = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dest),
                                                    tracking_uri=tracking_uri))
     folders = [p.parent for p in got.rglob("adapter_config.json")]

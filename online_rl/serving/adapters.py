@@ -76,8 +76,11 @@ class AdapterManager:
     """The versions an engine serves, the aliases that point at them, and their leases."""
 
     def __init__(self, engine: Engine, base_model: str, download_dir: Path,
-                 tracking_uri: str | None = None, trusted_signers: Sequence[str] = ()) -> None:
+                 tracking_uri: str | None = None, trusted_signers: Sequence[str] = (),
+                 artifact_roots: Sequence[str] | None = None) -> None:
         self._engine = engine
+        # where a version's files may come from (None: anywhere its MLflow source says)
+        self.artifact_roots = None if artifact_roots is None else tuple(artifact_roots)
         self.base_model = base_model
         self.trusted_signers = tuple(trusted_signers)  # empty: any manifest whose hashes match
         self._download_dir = Path(download_dir)
@@ -268,7 +271,7 @@ class AdapterManager:
         uri = f"models:/{registered}/{version}"
         try:
             store = self._tracking_uri or mlflow.get_tracking_uri()
-            return download_version(store, registered, version, dest)
+            return download_version(store, registered, version, dest, self.artifact_roots)
         except MlflowException as exc:
             if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 raise AdapterRejected(f"MLflow could not provide {uri}: {exc.message}") from exc

@@ -17,6 +17,7 @@ from online_rl.bus import Bus, Topics, ensure_topics, open_bus
 from online_rl.config import Settings
 from online_rl.errors import ConfigError
 from online_rl.serving import AdapterManager, Engine, InferenceCore, InteractionLogger, build_engine
+from online_rl.tracking import registry_artifact_roots
 from services.inference.errors import install_error_handlers
 from services.inference.routes import admin, completions, health, models
 from services.inference.service import InferenceService
@@ -47,7 +48,8 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
     tokenizer = AutoTokenizer.from_pretrained(str(settings.model_dir))
     manager = AdapterManager(engine, settings.model.name, settings.adapters_dir,
                              tracking_uri=settings.mlflow_tracking_uri,
-                             trusted_signers=settings.mlflow.trusted_signers)
+                             trusted_signers=settings.mlflow.trusted_signers,
+                             artifact_roots=registry_artifact_roots(settings))
     log = InteractionLogger(service_bus, topics.interactions, max_buffer=api.log_buffer)
     service = InferenceService(settings, InferenceCore(engine, manager, tokenizer, log))
 

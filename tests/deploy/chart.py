@@ -1,7 +1,9 @@
-"""Rendering the chart with the real Helm CLI, and reading what it rendered (for the chart tests)."""
+"""Rendering the chart with the real Helm CLI, and reading what it rendered (for the chart tests): the
+objects, their pod templates, and the settings each container will load."""
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -9,7 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+from online_rl.config import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "online-rl"
@@ -109,3 +114,64 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
         if operator == "DoesNotExist" and value is not None:
             return False
     return True
+
+
+# What the tests read from the Secrets the chart names but does not make (the operator's, and those of
+# Strimzi's User Operator), by key.
+STAND_INS = {
+    "username": "stand-in-user",
+    "password": "stand-in-password",
+    "signing.pub": base64.b64encode(bytes(range(32))).decode(),  # an Ed25519 public key's form
+}
+
+
+def secret_value(objects: list[dict[str, Any]], ref: dict[str, str]) -> str:
+    """What a secretKeyRef gives: the rendered Secret's value, else the stand-in for its key."""
+    made = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == ref["name"]]
+    if made:
+        return str(made[0]["stringData"][ref["key"]])
+    assert ref["key"] in STAND_INS, f"no stand-in for key {ref['key']!r} of Secret {ref['name']}"
+    return STAND_INS[ref["key"]]
+
+
+# Environment variables the command line reads itself (everything else ORL_* is a setting).
+PROCESS_ENV = {"ORL_CONFIG": "online_rl/config.py", "ORL_LOG_FORMAT": "online_rl/cli/app.py",
+               "ORL_HEARTBEAT_FILE": "online_rl/cli/health.py", "ORL_HEALTH_FILE": "online_rl/cli/health.py"}
+
+
+def setting_exists(env_name: str) -> bool:
+    """Whether ORL_<SECTION>__<FIELD>... names a field of the settings tree."""
+    model: Any = Settings
+    for part in env_name.removeprefix("ORL_").lower().split("__"):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return False
+        annotation = fields[part].annotation
+        model = annotation if isinstance(annotation, type) else None
+    return True
+
+
+def settings_of(pod: Pod, container: dict[str, Any], objects: list[dict[str, Any]], tmp: Path,
+                monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings this container will load: the mounted ConfigMap as ORL_CONFIG plus its env (values
+    from Secrets the chart does not make are `STAND_INS`)."""
+    env = {e["name"]: e for e in container.get("env", [])}
+    mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+    volume = next(v for v in pod.spec["volumes"] if v["name"] == "config")
+    config_path = Path(env["ORL_CONFIG"]["value"])
+    assert config_path.parent == Path(mounts["config"]), f"{pod.owner}: ORL_CONFIG is not the mounted file"
+    config = named(objects, "ConfigMap", volume["configMap"]["name"])["data"][config_path.name]
+    (tmp / "config.yaml").write_text(config)
+    for name in [n for n in os.environ if n.startswith("ORL_")]:
+        monkeypatch.delenv(name)
+    for name, item in env.items():
+        if name in PROCESS_ENV:  # read by the command line, not settings: check that it is read
+            assert name in (ROOT / PROCESS_ENV[name]).read_text(), f"{name} is read nowhere"
+            continue
+        if not name.startswith("ORL_"):
+            continue
+        assert setting_exists(name), f"{pod.owner}: {name} names no setting of online_rl/config.py"
+        ref = item.get("valueFrom", {}).get("secretKeyRef")
+        value = item.get("value") if ref is None else secret_value(objects, ref)
+        monkeypatch.setenv(name, str(value))
+    return load_settings(tmp / "config.yaml")

@@ -28,7 +28,7 @@ from online_rl.launch import (
     up,
     watchdog_alive,
 )
-from tests.conftest import TINY_NAME
+from tests.conftest import TINY_NAME, SecuredBroker
 
 
 def _free_port() -> int:
@@ -37,7 +37,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config(root: Path, model: Path, bootstrap: str | None) -> tuple[Settings, Path]:
+def _config(root: Path, model: Path, kafka: dict[str, str] | None) -> tuple[Settings, Path]:
     data = {
         "cache_dir": str(root / "cache"),
         "model": {"name": TINY_NAME, "path": str(model)},
@@ -55,8 +55,8 @@ def _config(root: Path, model: Path, bootstrap: str | None) -> tuple[Settings, P
                    "trainer_metrics_port": _free_port(), "ready_timeout_s": 240, "bus": "embedded",
                    "max_restarts": 1, "restart_backoff_s": 0.5},
     }
-    if bootstrap:
-        data["kafka"] = {"bootstrap_servers": bootstrap}
+    if kafka:
+        data["kafka"] = kafka
     path = root / "online-rl.yaml"
     path.write_text(yaml.safe_dump(data))
     return load_settings(path), path
@@ -88,13 +88,14 @@ def _dead(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.kafka
 def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
-        tmp_path: Path, tiny_model: Path, kafka_bootstrap: str, stopper: list[Settings]) -> None:
-    settings, config = _config(tmp_path, tiny_model, kafka_bootstrap)
+        tmp_path: Path, tiny_model: Path, secured_broker: SecuredBroker, stopper: list[Settings]) -> None:
+    # the broker asks for TLS and SCRAM: every component reaches it through the kafka.* settings
+    settings, config = _config(tmp_path, tiny_model, secured_broker.kafka_settings())
     stopper.append(settings)
     lines: list[str] = []
     up(settings, config, echo=lines.append)
     wiring, components = status(settings)
-    assert wiring is not None and wiring["bus"] == "kafka" and wiring["bootstrap"] == kafka_bootstrap
+    assert wiring is not None and wiring["bus"] == "kafka" and wiring["bootstrap"] == secured_broker.bootstrap
     assert [c.name for c in components] == ["mlflow", "inference", "feedback", "joiner", "trainer", "gateway"]
     assert {c.state for c in components} == {"ready"}, components
     assert all(Path(c.log).is_file() for c in components if c.log)

@@ -13,6 +13,11 @@
 #                         `online-rl up` puts it in its run folder so a fresh run starts with empty topics)
 #   ORL_KAFKA_HEAP        JVM heap (default 512m)
 #   ORL_KAFKA_START_TIMEOUT  seconds to wait for the broker to answer (default 90)
+#   ORL_KAFKA_SCRAM_USERS "name:password[,name:password...]": the client listener asks for SASL
+#                         SCRAM-SHA-512 and these users exist (they are added when the storage is formatted,
+#                         so set them before the first start of a broker folder)
+#   ORL_KAFKA_TLS_DIR     a folder holding server.pem (the broker's private key, then its certificate chain;
+#                         the certificate must name 127.0.0.1) and ca.pem: the client listener speaks TLS
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -63,17 +68,84 @@ fetch() {
   rm -rf "$libs" && mv "$tmp" "$libs" && echo "$want" > "$stamp"
 }
 
+scram_users=${ORL_KAFKA_SCRAM_USERS:-}
+tls_dir=${ORL_KAFKA_TLS_DIR:-}
+
+# The client listener's protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
+protocol() {
+  local p=PLAINTEXT
+  [ -n "$scram_users" ] && p=SASL_PLAINTEXT
+  if [ -n "$tls_dir" ]; then
+    [ "$p" = SASL_PLAINTEXT ] && p=SASL_SSL || p=SSL
+  fi
+  echo "$p"
+}
+
+# With SCRAM the broker talks to itself as its own user, whose password is made once per folder.
+broker_password() {
+  local file=$run/broker.password
+  if [ ! -f "$file" ]; then
+    (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$file")
+  fi
+  cat "$file"
+}
+
+check_security() {
+  if [ -n "$tls_dir" ]; then
+    [ -f "$tls_dir/server.pem" ] && [ -f "$tls_dir/ca.pem" ] \
+      || die "ORL_KAFKA_TLS_DIR=$tls_dir must hold server.pem (key, then certificate chain) and ca.pem"
+  fi
+  local entry
+  IFS=',' read -ra entries <<< "$scram_users"
+  for entry in "${entries[@]}"; do
+    case "$entry" in
+      ?*:?*) ;;
+      *) die "ORL_KAFKA_SCRAM_USERS entry '${entry%%:*}' is not name:password" ;;
+    esac
+  done
+}
+
+security_config() {
+  local proto
+  proto=$(protocol)
+  echo "listener.security.protocol.map=CONTROLLER:PLAINTEXT,CLIENT:$proto"
+  if [ -n "$scram_users" ]; then
+    echo "sasl.enabled.mechanisms=SCRAM-SHA-512"
+    echo "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512"
+    echo "listener.name.client.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"orl-broker\" password=\"$(broker_password)\";"
+  fi
+  if [ -n "$tls_dir" ]; then
+    echo "ssl.keystore.type=PEM"
+    echo "ssl.keystore.location=$tls_dir/server.pem"
+    echo "ssl.truststore.type=PEM"
+    echo "ssl.truststore.location=$tls_dir/ca.pem"
+  fi
+}
+
+# --add-scram arguments for the formatter: the broker's own user and ORL_KAFKA_SCRAM_USERS.
+scram_args() {
+  [ -n "$scram_users" ] || return 0
+  echo "--add-scram"
+  echo "SCRAM-SHA-512=[name=orl-broker,password=$(broker_password)]"
+  local entry
+  IFS=',' read -ra entries <<< "$scram_users"
+  for entry in "${entries[@]}"; do
+    echo "--add-scram"
+    echo "SCRAM-SHA-512=[name=${entry%%:*},password=${entry#*:}]"
+  done
+}
+
 write_config() {
   mkdir -p "$data"
   cat > "$props" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=CLIENT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=CLIENT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+inter.broker.listener.name=CLIENT
+$(security_config)
 log.dirs=$data
 num.partitions=1
 auto.create.topics.enable=false
@@ -104,11 +176,14 @@ start() {
     fi
   done
   fetch
+  check_security
   write_config
   if [ ! -f "$data/meta.properties" ]; then
     local cid
     cid=$("${java_cmd[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1)
-    "${java_cmd[@]}" kafka.tools.StorageTool format -t "$cid" -c "$props" >>"$logfile" 2>&1 \
+    local scram=()
+    mapfile -t scram < <(scram_args)
+    "${java_cmd[@]}" kafka.tools.StorageTool format -t "$cid" -c "$props" "${scram[@]}" >>"$logfile" 2>&1 \
       || die "formatting KRaft storage in $data failed; see $logfile"
   fi
   info "starting broker on 127.0.0.1:$port (log: $logfile)"

@@ -62,13 +62,23 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-api-keys" (include "orl.fullname" .)) .Values.auth.existingSecret -}}
 {{- end -}}
 
+{{/* The version-signing key's Secret: signing.pem (the trainer's private key) and signing.pub (the
+public keys serving trusts). Required: serving loads nothing unsigned. */}}
+{{- define "orl.signingSecret" -}}
+{{- if not .Values.signing.existingSecret -}}
+{{- fail (printf "signing.existingSecret is empty: the trainer signs every model version and the inference pods load only versions signed by its key. Make the key with `online-rl keys signing signing.pem` (it prints \"public: <key>\"), store it with `kubectl -n %s create secret generic online-rl-signing --from-file=signing.pem --from-literal=signing.pub=<key>` and set signing.existingSecret=online-rl-signing (docs/deploy.md)" .Release.Namespace) -}}
+{{- end -}}
+{{- .Values.signing.existingSecret -}}
+{{- end -}}
+{{- define "orl.signingPath" -}}/etc/online-rl/signing{{- end -}}
+
 {{- define "orl.kafkaCluster" -}}{{ include "orl.fullname" . }}-kafka{{- end -}}
 
 {{- define "orl.bootstrap" -}}
 {{- if eq .Values.kafka.mode "external" -}}
 {{- required "kafka.external.bootstrapServers is required with kafka.mode=external (host:port[,host:port])" .Values.kafka.external.bootstrapServers -}}
 {{- else -}}
-{{- printf "%s-kafka-bootstrap:9092" (include "orl.kafkaCluster" .) -}}
+{{- printf "%s-kafka-bootstrap:9093" (include "orl.kafkaCluster" .) -}}{{/* the TLS listener (kafka.yaml) */}}
 {{- end -}}
 {{- end -}}
 
@@ -91,13 +101,18 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The settings every component reads: the user's tree with the chart's wiring laid over it. */}}
 {{- define "orl.config" -}}
 {{- $c := deepCopy (.Values.config | default dict) -}}
-{{- range $path := list "kafka.bootstrap_servers" "mlflow.tracking_uri" "mlflow.artifact_root" "ray.address" "gateway.replicas" "gateway.upstream_api_key" "gateway.api_keys_file" "inference.api_keys_file" "feedback_api.api_keys_file" "trainer.checkpoint_dir" "gateway.rollout.state_dir" "inference.adapters_dir" "cache_dir" "inference.host" "gateway.host" "feedback_api.host" "bus.embedded_path" -}}
+{{- $kafkaHint := "; Kafka's security comes from kafka.mode (strimzi: TLS and a SCRAM user per component) or kafka.external.securityProtocol, saslMechanism, credentialsSecret and caFromSecret" -}}
+{{- $signingHint := "; name the signing key's Secret in signing.existingSecret instead" -}}
+{{- $instead := dict "kafka.security_protocol" $kafkaHint "kafka.sasl_mechanism" $kafkaHint "kafka.sasl_username" $kafkaHint
+  "kafka.sasl_password" $kafkaHint "kafka.ssl_ca_location" $kafkaHint
+  "mlflow.signing_key_file" $signingHint "mlflow.trusted_signers" $signingHint -}}
+{{- range $path := concat (list "kafka.bootstrap_servers") (keys $instead | sortAlpha) (list "mlflow.tracking_uri" "mlflow.artifact_root" "ray.address" "gateway.replicas" "gateway.upstream_api_key" "gateway.api_keys_file" "inference.api_keys_file" "feedback_api.api_keys_file" "trainer.checkpoint_dir" "gateway.rollout.state_dir" "inference.adapters_dir" "cache_dir" "inference.host" "gateway.host" "feedback_api.host" "bus.embedded_path") -}}
 {{- $parts := splitList "." $path -}}
 {{- $node := $c -}}
 {{- range $i, $p := $parts -}}
 {{- if and (kindIs "map" $node) (hasKey $node $p) -}}
 {{- if eq (add1 $i) (len $parts) -}}
-{{- fail (printf "config.%s is set by the chart (it wires the components together); remove it from your values (see docs/deploy.md)" $path) -}}
+{{- fail (printf "config.%s is set by the chart (it wires the components together); remove it from your values (see docs/deploy.md)%s" $path (get $instead $path)) -}}
 {{- end -}}
 {{- $node = index $node $p -}}
 {{- else -}}

@@ -57,6 +57,27 @@ def test_versions_load_from_mlflow_by_number_and_alias_and_tampering_is_refused(
     assert register(settings, tampered) == "2"
     refused = server.admin("POST", "/admin/adapters", json={"source": "models:/policy/2", "alias": "policy"})
     assert refused.status_code == 422 and "lineage manifest says" in refused.json()["error"]["message"]
+    # Versions whose files lie elsewhere than the trainer's runs are not fetched: a source outside its
+    # run's artifacts, no run at all, or a run whose artifacts lie outside the registry's store.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(adapters[1], elsewhere)
+    run = client.create_run(ensure_experiment(client, "adapters", settings))
+    outside = client.create_model_version("policy", source=str(elsewhere), run_id=run.info.run_id)
+    no_run = client.create_model_version("policy", source=str(elsewhere))
+    foreign = client.create_experiment("foreign", artifact_location=str(tmp_path / "foreign"))
+    foreign_run = client.create_run(foreign)
+    client.log_artifacts(foreign_run.info.run_id, str(adapters[1]), "adapter")
+    other_store = client.create_model_version("policy", source=f"{foreign_run.info.artifact_uri}/adapter",
+                                              run_id=foreign_run.info.run_id)
+    for version, reason in ((outside, "lies outside the artifacts of run"),
+                            (no_run, "registered without a run"),
+                            (other_store, "outside the registry's artifact store")):
+        source = f"models:/policy/{version.version}"
+        refused = server.admin("POST", "/admin/adapters", json={"source": source})
+        assert refused.status_code == 422 and reason in refused.json()["error"]["message"], refused.text
+    for version in (outside, no_run, other_store):  # refused before a byte was fetched
+        folder = settings.adapters_dir / f"policy-v{version.version}"
+        assert not [f for f in folder.rglob("*") if f.is_file()]
     missing = server.admin("POST", "/admin/adapters", json={"source": "models:/policy@nope"})
     assert missing.status_code == 422 and "no version of 'policy' with alias 'nope'" in missing.text
     assert server.admin("GET", "/admin/adapters").json()["aliases"] == {"policy": "policy-v1"}

@@ -1,0 +1,289 @@
+"""The chart's identities: Kafka over TLS with a SCRAM user per component whose ACLs allow exactly what
+that component's code does on the bus, an existing cluster's credentials handed to every Kafka client,
+and the version-signing key (only the trainer holds it; the inference pods trust its public half)."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+
+from online_rl.bus import Bus, Topics, ensure_topics
+from online_rl.config import Settings
+from online_rl.stream import Joiner
+from tests.deploy.chart import (
+    CHART,
+    ROOT,
+    STAND_INS,
+    VALUES_FILES,
+    Pod,
+    by_kind,
+    pods,
+    render,
+    settings_of,
+)
+
+MINIMAL = CHART / "ci" / "minimal-values.yaml"
+EXTERNAL = CHART / "ci" / "external-values.yaml"
+IDS = [f.stem for f in VALUES_FILES]
+
+# The pods whose code opens the bus, and the component each one is on Kafka (the trainer's driver runs
+# on the Ray head; its workers never touch Kafka).
+KAFKA_CLIENTS = {"feedback": "feedback", "inference": "inference", "gateway": "gateway", "joiner": "joiner",
+                 "trainer-head": "trainer"}
+
+# Consumer groups the code names at run time rather than in the settings, and where.
+ROLLOUT_GROUP_PREFIX = ("orl-rollout-", "online_rl/rollout/loop.py")  # the gateway's tally, one per start
+READ_ALL_GROUP_PREFIX = ("read-all-", "online_rl/bus/base.py")  # Bus.read_all: the joiner's restore
+PROBE_GROUP = ("orl-probe", "online_rl/bus/kafka.py")  # KafkaBus.end_offsets' probe consumer
+
+
+@dataclass
+class Uses:
+    """What one component does on Kafka."""
+
+    reads: set[str] = field(default_factory=set)
+    writes: set[str] = field(default_factory=set)
+    groups: set[str] = field(default_factory=set)
+    group_prefixes: set[str] = field(default_factory=set)
+    described_groups: set[str] = field(default_factory=set)
+    transactional_ids: set[str] = field(default_factory=set)
+
+
+def _named_in_code(name: tuple[str, str]) -> str:
+    assert name[0] in (ROOT / name[1]).read_text(), f"{name[0]!r} is no longer in {name[1]}: update this test"
+    return name[0]
+
+
+def _code_uses(settings: Settings) -> dict[str, Uses]:
+    """Each component's use of the bus, from the code's own names."""
+    topics = Topics(settings.bus.topic_prefix)
+    joiner = inspect.signature(Joiner.__init__).parameters
+    probe = _named_in_code(PROBE_GROUP)
+    return {
+        "feedback": Uses(writes={topics.feedback}),  # services/feedback/service.py
+        "inference": Uses(writes={topics.interactions}),  # services/inference -> InteractionLogger
+        "gateway": Uses(reads={topics.samples}, group_prefixes={_named_in_code(ROLLOUT_GROUP_PREFIX)}),
+        "joiner": Uses(reads={topics.interactions, topics.feedback, topics.join_state},
+                       writes={topics.samples, topics.join_state, topics.dlq},
+                       groups={joiner["group_id"].default},
+                       group_prefixes={_named_in_code(READ_ALL_GROUP_PREFIX)}, described_groups={probe},
+                       transactional_ids={joiner["transactional_id"].default}),
+        "trainer": Uses(reads={topics.samples}, writes={topics.dlq}, groups={settings.trainer.group_id},
+                        described_groups={probe}),
+    }
+
+
+class _CreatedTopics:
+    """A bus that only records which topics `ensure_topics` asks for."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def create_topic(self, name: str, partitions: int = 1, compact: bool = False) -> None:
+        self.names.add(name)
+
+
+def _created_at_start(settings: Settings) -> set[str]:
+    """The topics every component asks to create at start (it runs `ensure_topics`)."""
+    recorder = _CreatedTopics()
+    ensure_topics(cast(Bus, recorder), settings.bus.partitions, Topics(settings.bus.topic_prefix))
+    return recorder.names
+
+
+Acl = tuple[str, str, str, str]  # resource type, name, pattern type, operation
+
+
+def _expected_acls(uses: Uses, created: set[str]) -> set[Acl]:
+    acls = {("topic", t, "literal", op) for t in created for op in ("Create", "Describe")}
+    acls |= {("topic", t, "literal", op) for t in uses.reads for op in ("Read", "Describe")}
+    acls |= {("topic", t, "literal", op) for t in uses.writes for op in ("Write", "Describe")}
+    acls |= {("group", g, "literal", "Read") for g in uses.groups}
+    acls |= {("group", g, "prefix", "Read") for g in uses.group_prefixes}
+    acls |= {("group", g, "literal", "Describe") for g in uses.described_groups}
+    acls |= {("transactionalId", t, "literal", op) for t in uses.transactional_ids
+             for op in ("Write", "Describe")}
+    if uses.writes:  # every producer is idempotent
+        acls.add(("cluster", "", "literal", "IdempotentWrite"))
+    return acls
+
+
+def _rendered_acls(user: dict[str, Any]) -> set[Acl]:
+    out = set()
+    for acl in user["spec"]["authorization"]["acls"]:
+        assert acl.get("type", "allow") == "allow" and acl.get("host", "*") == "*", acl
+        resource = acl["resource"]
+        for op in acl["operations"]:
+            out.add((resource["type"], resource.get("name", ""), resource.get("patternType", "literal"), op))
+    return out
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _secret_ref(container: dict[str, Any], name: str) -> dict[str, Any]:
+    return dict(_env(container)[name]["valueFrom"]["secretKeyRef"])
+
+
+def _assert_file_from_secret(pod: Pod, container: dict[str, Any], path: Path | None, secret: str,
+                             key: str) -> dict[str, Any]:
+    """`path` is the file `key` of `secret`, mounted read-only in `container`; returns the volume item."""
+    assert path is not None, f"{pod.owner}: no file set"
+    volumes = {v["name"]: v for v in pod.spec["volumes"]}
+    for mount in container["volumeMounts"]:
+        source = volumes[mount["name"]].get("secret")
+        if source and path.parent == Path(mount["mountPath"]):
+            assert source["secretName"] == secret and mount.get("readOnly") is True, pod.owner
+            (item,) = [i for i in source["items"] if i["path"] == path.name]
+            assert item["key"] == key
+            return dict(item)
+    raise AssertionError(f"{pod.owner}: {path} is on no mounted Secret")
+
+
+def _kafka_clients(objects: list[dict[str, Any]]) -> list[tuple[Pod, dict[str, Any]]]:
+    found = []
+    for pod in pods(objects):
+        for container in pod.containers:
+            if pod.component in KAFKA_CLIENTS:
+                found.append((pod, container))
+            else:
+                assert not [n for n in _env(container) if n.startswith("ORL_KAFKA__")], pod.owner
+    return found
+
+
+# -- Strimzi: TLS, SCRAM, one user per component ----------------------------------------------------
+
+def test_the_strimzi_listener_is_tls_with_scram_users_and_acls(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(MINIMAL)
+    (kafka,) = by_kind(objects, "Kafka")
+    (listener,) = kafka["spec"]["kafka"]["listeners"]  # no plaintext listener beside it
+    assert listener["tls"] is True and listener["authentication"] == {"type": "scram-sha-512"}
+    assert listener["port"] == 9093 and listener["networkPolicyPeers"]  # the port Strimzi's policy opens
+    assert kafka["spec"]["kafka"]["authorization"] == {"type": "simple"}
+    assert "userOperator" in kafka["spec"]["entityOperator"]  # it makes the users' passwords and ACLs
+    for pod, container in _kafka_clients(objects):
+        settings = settings_of(pod, container, objects, tmp_path, monkeypatch)
+        assert settings.kafka.bootstrap_servers == f"{kafka['metadata']['name']}-kafka-bootstrap:9093"
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=IDS)
+def test_each_kafka_client_is_its_own_user_allowed_only_what_its_code_does(
+        values: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(values)
+    if not by_kind(objects, "Kafka"):
+        pytest.skip("an external Kafka: its users are the operator's (see the external tests)")
+    (kafka,) = by_kind(objects, "Kafka")
+    users = {u["metadata"]["labels"]["app.kubernetes.io/component"]: u for u in by_kind(objects, "KafkaUser")}
+    cluster = kafka["metadata"]["name"]
+    assert all(u["metadata"]["labels"]["strimzi.io/cluster"] == cluster for u in users.values())
+    seen = set()
+    for pod, container in _kafka_clients(objects):
+        settings = settings_of(pod, container, objects, tmp_path, monkeypatch)
+        component = KAFKA_CLIENTS[pod.component]
+        user = users[component]
+        name = user["metadata"]["name"]
+        assert user["spec"]["authentication"] == {"type": "scram-sha-512"}
+        assert settings.kafka.security_protocol == "SASL_SSL"
+        assert settings.kafka.sasl_mechanism == "SCRAM-SHA-512"
+        assert settings.kafka.sasl_username == name  # its own user, and the password of that user
+        assert _secret_ref(container, "ORL_KAFKA__SASL_PASSWORD") == {"name": name, "key": "password"}
+        _assert_file_from_secret(pod, container, settings.kafka.ssl_ca_location,
+                                 f"{cluster}-cluster-ca-cert", "ca.crt")
+        expected = _expected_acls(_code_uses(settings)[component], _created_at_start(settings))
+        rendered = _rendered_acls(user)
+        assert rendered == expected, (f"{name}: more than its code needs: {sorted(rendered - expected)}; "
+                                      f"missing: {sorted(expected - rendered)}")
+        seen.add(component)
+    assert seen == set(users), f"KafkaUsers nobody uses: {set(users) - seen}"
+    names = [u["metadata"]["name"] for u in users.values()]
+    assert len(set(names)) == len(names)
+
+
+def test_the_acls_follow_the_topic_prefix_and_the_trainers_group(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(MINIMAL, "config.bus.topic_prefix=team-a", "config.trainer.group_id=team-a-trainer")
+    (trainer,) = [u for u in by_kind(objects, "KafkaUser")
+                  if u["metadata"]["labels"]["app.kubernetes.io/component"] == "trainer"]
+    acls = _rendered_acls(trainer)
+    assert ("topic", "team-a.samples", "literal", "Read") in acls
+    assert ("group", "team-a-trainer", "literal", "Read") in acls
+    assert not [a for a in acls if a[0] == "topic" and a[1].startswith("orl.")]
+
+
+# -- an existing cluster --------------------------------------------------------------------------
+
+EXTERNAL_SECURITY = [
+    # (the values over external-values.yaml, the protocol, SASL mechanism, and whether a CA is mounted)
+    ((), "SASL_SSL", "SCRAM-SHA-512", True),
+    (("kafka.external.securityProtocol=SASL_PLAINTEXT", "kafka.external.saslMechanism=PLAIN",
+      "kafka.external.caFromSecret=false"), "SASL_PLAINTEXT", "PLAIN", False),
+    (("kafka.external.securityProtocol=SSL", "kafka.external.saslMechanism="), "SSL", None, True),
+    (("kafka.external.securityProtocol=SSL", "kafka.external.saslMechanism=",
+      "kafka.external.credentialsSecret=", "kafka.external.caFromSecret=false"), "SSL", None, False),
+    (("kafka.external.securityProtocol=PLAINTEXT", "kafka.external.saslMechanism=",
+      "kafka.external.credentialsSecret=", "kafka.external.caFromSecret=false"), "PLAINTEXT", None, False),
+]
+
+
+@pytest.mark.parametrize(("sets", "protocol", "mechanism", "ca"), EXTERNAL_SECURITY,
+                         ids=[f"{c[1]}-{'ca' if c[3] else 'system-ca'}" for c in EXTERNAL_SECURITY])
+def test_an_external_clusters_credentials_reach_every_kafka_client(
+        sets: tuple[str, ...], protocol: str, mechanism: str | None, ca: bool, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(EXTERNAL, *sets)
+    assert not by_kind(objects, "KafkaUser") and not by_kind(objects, "Kafka")
+    secret = yaml.safe_load(EXTERNAL.read_text())["kafka"]["external"]["credentialsSecret"]
+    clients = _kafka_clients(objects)
+    assert {KAFKA_CLIENTS[p.component] for p, _ in clients} == set(KAFKA_CLIENTS.values())
+    for pod, container in clients:
+        settings = settings_of(pod, container, objects, tmp_path, monkeypatch)
+        assert settings.kafka.security_protocol == protocol and settings.kafka.sasl_mechanism == mechanism
+        if mechanism is not None:
+            assert _secret_ref(container, "ORL_KAFKA__SASL_USERNAME") == {"name": secret, "key": "username"}
+            assert _secret_ref(container, "ORL_KAFKA__SASL_PASSWORD") == {"name": secret, "key": "password"}
+            assert settings.kafka.sasl_username == STAND_INS["username"]
+            assert settings.kafka.sasl_password is not None
+        else:
+            assert settings.kafka.sasl_username is None and settings.kafka.sasl_password is None
+        if ca:
+            _assert_file_from_secret(pod, container, settings.kafka.ssl_ca_location, secret, "ca.crt")
+        else:
+            assert settings.kafka.ssl_ca_location is None
+            assert "kafka-ca" not in {v["name"] for v in pod.spec["volumes"]}
+
+
+# -- the version-signing key ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=IDS)
+def test_only_the_trainer_holds_the_signing_key_and_inference_trusts_it(
+        values: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(values)
+    secret = yaml.safe_load(values.read_text())["signing"]["existingSecret"]
+    checked = set()
+    for pod in pods(objects):
+        holders = [v for v in pod.spec["volumes"] if v.get("secret", {}).get("secretName") == secret]
+        for container in pod.containers:
+            env = _env(container)
+            if pod.component == "trainer-head":
+                settings = settings_of(pod, container, objects, tmp_path, monkeypatch)
+                item = _assert_file_from_secret(pod, container, settings.mlflow.signing_key_file, secret,
+                                                "signing.pem")
+                assert item["mode"] == 0o400
+                checked.add(pod.component)
+                continue
+            assert "ORL_MLFLOW__SIGNING_KEY_FILE" not in env, pod.owner
+            assert not holders, f"{pod.owner} mounts the signing key's Secret"
+            if pod.component == "inference":
+                settings = settings_of(pod, container, objects, tmp_path, monkeypatch)
+                ref = _secret_ref(container, "ORL_MLFLOW__TRUSTED_SIGNERS")
+                assert ref == {"name": secret, "key": "signing.pub"}
+                assert settings.mlflow.trusted_signers == [STAND_INS["signing.pub"]]
+                checked.add(pod.component)
+    trainer = yaml.safe_load(values.read_text()).get("trainer", {}).get("enabled", True)
+    assert checked == ({"inference", "trainer-head"} if trainer else {"inference"})
