@@ -168,8 +168,14 @@ class Joiner:
             candidate = max([self._clock(), *self._event_time.values()])
         else:
             candidate = max(self._event_time.values(), default=float("-inf"))
+        # Never past the clock: an event dated ahead (a client's clock, up to max_clock_skew_s) would
+        # otherwise close every window open now, and the feedback still on its way would come too late.
+        candidate = min(candidate, self._watermark_limit())
         self._watermark = max(self._watermark, candidate)
         return self._watermark
+
+    def _watermark_limit(self) -> float:
+        return self._clock()
 
     def caught_up(self) -> bool:
         """True when this joiner owns every input partition and has read all of them."""

@@ -75,6 +75,19 @@ def test_a_benchmark_on_the_broker_runs_and_prints_its_fields(name: str, kafka_b
     _run(name, ["--bootstrap", kafka_bootstrap])
 
 
+def test_hostile_input_neither_crashes_nor_skews_nor_ships_a_forgery(kafka_bootstrap: str,
+                                                                     tiny_model: Path) -> None:
+    """bench/hostile.py's short schedule (200 Hypothesis records per topic; the full one is 10,000):
+    unlike the other smoke runs, its figures are checked, since each is a guarantee of issue 23."""
+    result = _run("hostile", ["--bootstrap", kafka_bootstrap, "--model", str(tiny_model)])
+    assert result["records"] == 600 and result["rejects"] > 300  # most generated records are hostile
+    assert result["crashes"] == 0 and result["dlq_share"] == 1.0 and result["dlq_extra"] == 0
+    # one event dated 1e6 s ahead leaves the joined rate as it was; the control (no bound) drops
+    assert result["samples_rate_after_future_event"] >= 0.75, result
+    assert result["control_rate_after_future_event"] < result["samples_rate_after_future_event"], result
+    assert result["forged_versions_loaded"] == 0 and result["genuine_versions_loaded"] == 1
+
+
 def test_the_learning_benchmark_runs_on_a_tiny_model(kafka_bootstrap: str, tiny_model: Path,
                                                      tmp_path: Path) -> None:
     demo = yaml.safe_load((ROOT / "deploy" / "local" / "demo.yaml").read_text())
