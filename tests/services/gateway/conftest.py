@@ -148,7 +148,7 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
 
         def make(extra_replicas: tuple[str, ...] = (), joiner: bool = True, dns: bool = False,
                  replica_cooldown_s: float = 1.0, trusted_signers: tuple[str, ...] = (),
-                 **rollout: Any) -> Stack:
+                 window_s: float = 3.0, **rollout: Any) -> Stack:
             root = tmp_path / uuid.uuid4().hex[:6]
             settings, keys = stack_settings(root, steerable_model, kafka_bootstrap, ["http://unused"],
                                             trusted_signers, **rollout)
@@ -162,7 +162,7 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
                                                           "replica_cooldown_s": replica_cooldown_s})
             settings = settings.model_copy(update={"gateway": gateway})
             if joiner:
-                _start_joiner(stack, bus, topics)
+                _start_joiner(stack, bus, topics, window_s)
             made = Stack(settings, "", replicas, bus, topics, keys["client"], keys["tester"], keys["admin"],
                          keys["upstream"], steerable_model, root, keys["alice"])
             made.start_gateway()
@@ -172,8 +172,8 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
         yield make
 
 
-def _start_joiner(stack: ExitStack, bus: Bus, topics: Topics) -> None:
-    joiner = Joiner(bus, JoinConfig(window_s=3.0, retention_s=60.0), topics=topics,
+def _start_joiner(stack: ExitStack, bus: Bus, topics: Topics, window_s: float) -> None:
+    joiner = Joiner(bus, JoinConfig(window_s=window_s, retention_s=max(60.0, 2 * window_s)), topics=topics,
                     transactional_id=f"j-{topics.prefix}", group_id=f"j-{topics.prefix}")
     stop = threading.Event()
     thread = threading.Thread(target=joiner.run, args=(stop.is_set,), daemon=True)
@@ -213,6 +213,7 @@ class Users:
         self.client = httpx.Client(timeout=60, headers=stack.headers())
         self.producer = stack.bus.producer()
         self.answers: list[Answer] = []
+        self.judged: list[tuple[Answer, bool]] = []  # every thumb given: (the answer, up)
 
     def ask(self, user: str, stream: bool = False) -> Answer:
         body = {"model": "anything", "messages": [{"role": "user", "content": f"hello from {user}"}],
@@ -238,6 +239,7 @@ class Users:
             up = GOOD in answer.text
             if self.rng.random() < self.noise:
                 up = not up
+            self.judged.append((answer, up))
             event = thumbs(answer.request_id, up, created_at=now, event_id=uuid.uuid4().hex,
                            user_id=answer.user)
             self.producer.produce(self.stack.topics.feedback, encode(event), answer.request_id.encode())
