@@ -24,6 +24,7 @@ from online_rl.cli.health import healthcheck_cmd
 from online_rl.cli.hybrid import hybrid_cmd
 from online_rl.cli.launch import demo_cmd, down_cmd, status_cmd, supervise_cmd, up_cmd
 from online_rl.cli.model import model_app
+from online_rl.cli.registry import registry_app
 from online_rl.cli.rollout import rollout_app
 from online_rl.cli.serve import keys_app, serve_app
 from online_rl.cli.simulate import simulate_cmd
@@ -49,6 +50,7 @@ app.command("join")(join_cmd)
 app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
 app.add_typer(adapter_app, name="adapter")
+app.add_typer(registry_app, name="registry")
 app.command("trainer")(trainer_cmd)
 app.command("hybrid")(hybrid_cmd)
 app.add_typer(rollout_app, name="rollout")

@@ -93,7 +93,8 @@ def _show(settings: object) -> bool:
                                   else "not running (components that exit stay down)"))
     console.print(f"run folder: {run} (logs under it)")
     console.print(f"bus: {wiring['bus']}" + (f" at {wiring['bootstrap']}" if wiring.get("bootstrap") else ""))
-    console.print(f"MLflow UI:    {wiring['mlflow_url']}")
+    console.print(f"MLflow UI:    {wiring['mlflow_url']} (sign in as `inference`, read-only; its password is "
+                  f"in {run / 'mlflow-auth.json'})", highlight=False)
     console.print(f"Rollout page: {wiring['gateway_url']}/rollout/ui (the admin key opens it)")
     return all(c.state == "ready" for c in components)
 

@@ -7,7 +7,8 @@ have been promoted and the last has served `measure` answers with feedback since
 when the time budget is spent. Then it gathers the gateway's decisions, MLflow's versions, the
 samples each version was trained on (from the bus, through the version's lineage offsets) and a
 general-ability check (fixed factual prompts, temperature 0, asked of the base model and the final
-champion on the replica), and writes the report (`report.write_report`).
+champion on the replica), and writes the report (`report.write_report`). It reads MLflow as the run's
+read-only user, `inference`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from online_rl.config import Settings
 from online_rl.demo.report import ABILITY_PROMPTS, AbilityAnswer, build_report, correct, write_report
 from online_rl.errors import OnlineRLError
 from online_rl.hardware import machine_info
-from online_rl.launch import read_keys, read_state, status
+from online_rl.launch import read_keys, read_registry_auth, read_state, status
+from online_rl.registry.access import use_credentials
 from online_rl.simulate import PROMPTS, Population, SimulationResult, load_preference, simulate
 
 __all__ = ["DemoError", "run_demo"]
@@ -316,10 +318,13 @@ def run_demo(
     answers = list(result.answers)
     echo("gathering the report: rollout decisions, MLflow versions, training lineage, general ability ...")
     problems: list[str] = []
+    registry = read_registry_auth(settings.run_dir.resolve())
+    reader = registry.users.get("inference") if registry else None  # MLflow is read as the serving user
 
     def gather(what: str, call: Callable[[], Any], empty: Any) -> Any:
         try:
-            return call()
+            with use_credentials(reader):
+                return call()
         except Exception as exc:  # one missing section must not lose the rest of the report
             problems.append(f"{what}: {exc!r}")
             echo(f"  could not gather {what}: {exc!r}")

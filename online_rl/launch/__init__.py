@@ -1,6 +1,7 @@
 """The local launcher: every component of the loop as a local process (`online-rl up/down/status`)."""
 
 from online_rl.launch.components import Component, Wiring, plan
+from online_rl.launch.mlflow_auth import AUTH_FILE, read_registry_auth
 from online_rl.launch.supervisor import (
     ComponentStatus,
     LaunchError,
@@ -14,6 +15,7 @@ from online_rl.launch.supervisor import (
 )
 
 __all__ = [
+    "AUTH_FILE",
     "Component",
     "ComponentStatus",
     "LaunchError",
@@ -22,6 +24,7 @@ __all__ = [
     "down",
     "plan",
     "read_keys",
+    "read_registry_auth",
     "read_state",
     "status",
     "up",

@@ -1,8 +1,8 @@
 """What `online-rl up` starts: every component of the loop as a local process, in dependency order.
 
 `plan(settings, ...)` turns the settings into a list of `Component`s — the command, the environment
-that wires it to the others (bus, MLflow server, API keys, folders inside the run folder), the ports
-it will listen on and how to tell it is ready. Pure: nothing is started here.
+that wires it to the others (bus, MLflow server and each component's MLflow user, API keys, folders inside
+the run folder), the ports it will listen on and how to tell it is ready. Pure: nothing is started here.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from online_rl.config import Settings
+from online_rl.launch.mlflow_auth import component_credentials, read_registry_auth, server_env
 
 __all__ = ["KAFKA_SCRIPT", "SIGNING_KEY", "Component", "Wiring", "bus_kind", "plan", "threads"]
 
@@ -119,14 +120,18 @@ def plan(
     else:
         env["ORL_BUS__EMBEDDED_PATH"] = str(run / "bus" / "bus.db")
     inference_threads, trainer_threads = threads(settings)
-    inference_env = {"OMP_NUM_THREADS": str(inference_threads)}
+    registry = read_registry_auth(run)  # each component that talks to MLflow signs in as its own user
+    inference_env = {"OMP_NUM_THREADS": str(inference_threads),
+                     **component_credentials(registry, "inference")}
+    gateway_env = component_credentials(registry, "gateway")
     signing, public = run / SIGNING_KEY, run / SIGNING_KEY.replace(".pem", ".pub")
     if public.is_file() and not settings.mlflow.signing_key_file and not settings.mlflow.trusted_signers:
         # the run's own signing key (`up` makes it): serving loads only versions this trainer signed
         inference_env["ORL_MLFLOW__TRUSTED_SIGNERS"] = json.dumps([public.read_text().strip()])
     env["OMP_NUM_THREADS"] = "1"  # the light components; the two heavy ones get theirs below
     trainer_env = {"OMP_NUM_THREADS": str(max(1, int(trainer_threads))),
-                   "ORL_TRAINER__CPUS_PER_WORKER": str(trainer_threads)}
+                   "ORL_TRAINER__CPUS_PER_WORKER": str(trainer_threads),
+                   **component_credentials(registry, "trainer")}
     if not settings.ray.address:  # the trainer's local Ray runtime must hold every worker's CPUs
         needed = math.ceil(trainer_threads * settings.trainer.workers)
         trainer_env["ORL_RAY__NUM_CPUS"] = str(max(settings.ray.num_cpus, needed))
@@ -153,6 +158,8 @@ def plan(
                 "-m",
                 "mlflow",
                 "server",
+                "--app-name",
+                "basic-auth",  # every request signs in; each component's user may do only its part
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -167,6 +174,7 @@ def plan(
             {launch.mlflow_port: "launch.mlflow_port"},
             f"{mlflow_url}/health",
             mlflow_url,
+            server_env(run, registry),
         ),
         Component(
             "inference",
@@ -198,6 +206,7 @@ def plan(
             {settings.gateway.port: "gateway.port"},
             f"{gateway_url}/readyz",
             f"{gateway_url}/rollout/ui",
+            gateway_env,
         ),
     ]
     return wiring, components

@@ -5,7 +5,9 @@ output to `<run>/logs/<name>.log`, and counts as started only when it answers it
 alive, for the joiner). Ports are checked before anything starts; a component that exits or does not
 become ready in time is reported with the end of its log, and everything started so far is stopped
 again. `<run>/state.json` records what runs (pids, URLs, logs) so `status` and `down` work from any
-shell; `<run>/keys.json` (mode 0600) holds the run's two API keys.
+shell; `<run>/keys.json` (mode 0600) holds the run's two API keys, `<run>/mlflow-auth.json` (0600) the
+MLflow users (launch/mlflow_auth.py), whose rights are granted as soon as MLflow answers, before any
+other component starts.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from online_rl.config import Settings
 from online_rl.errors import OnlineRLError
 from online_rl.ingest import new_key
 from online_rl.launch.components import KAFKA_SCRIPT, SIGNING_KEY, Component, Wiring, plan
+from online_rl.launch.mlflow_auth import AUTH_FILE, make_registry_auth
+from online_rl.registry.access import RegistryAccessError, RegistryAuth, grant_access
 
 __all__ = ["ComponentStatus", "LaunchError", "RunKeys", "down", "read_keys", "read_state", "state_lock",
            "status", "up", "watchdog_alive"]
@@ -289,6 +293,7 @@ def up(settings: Settings, config_file: Path | None = None, fresh: bool = False,
         (run / sub).mkdir(parents=True, exist_ok=True)
     keys = _make_keys(run)
     _make_signing_key(run)
+    registry = make_registry_auth(run)
     wiring, components = plan(settings, config.resolve() if config else None, keys_file, keys.admin)
     state = {"wiring": wiring.as_dict(), "started_at": time.time(), "components": {}}
     _write_json(run / _STATE, state)
@@ -313,6 +318,8 @@ def up(settings: Settings, config_file: Path | None = None, fresh: bool = False,
                 "url": component.url, "ready_url": component.ready_url, "log": str(log)}
             _write_json(run / _STATE, state)
             _wait_ready(component, process, log, settings.launch.ready_timeout_s)
+            if component.name == "mlflow":
+                _grant_registry_access(registry, wiring, settings, log)
             echo(f"  {component.name} ready in {time.monotonic() - began:.1f}s"
                  + (f" at {component.url}" if component.url else ""))
         if settings.launch.restart:
@@ -329,6 +336,14 @@ def up(settings: Settings, config_file: Path | None = None, fresh: bool = False,
             down(settings, echo=lambda _: None)
         raise
     return state
+
+
+def _grant_registry_access(registry: RegistryAuth, wiring: Wiring, settings: Settings, log: Path) -> None:
+    """Each component's MLflow user and its rights (online_rl/registry/access.py), before any starts."""
+    try:
+        grant_access(wiring.mlflow_url, registry.admin, registry.users, settings.mlflow.registered_model)
+    except RegistryAccessError as exc:
+        raise LaunchError(f"{exc} (MLflow's users: {wiring.run_dir / AUTH_FILE}; its log: {log})") from exc
 
 
 def _start_watchdog(run: Path, config: Path | None) -> dict[str, Any]:

@@ -127,6 +127,7 @@ def test_referenced_secrets_configmaps_and_claims_exist(rendered: tuple[Path, li
         "existingSecret"), spec.get("mlflow", {}).get("artifacts", {}).get("envFromSecret"),
         spec.get("ingress", {}).get("tls", {}).get("secretName"),
         spec.get("signing", {}).get("existingSecret"),
+        spec.get("mlflow", {}).get("auth", {}).get("existingSecret"),
         spec.get("kafka", {}).get("external", {}).get("credentialsSecret")} - {None, ""}
     # Strimzi's operators make a Secret per KafkaUser (its password) and the cluster CA's certificate
     external |= {u["metadata"]["name"] for u in by_kind(objects, "KafkaUser")}

@@ -287,3 +287,127 @@ def test_only_the_trainer_holds_the_signing_key_and_inference_trusts_it(
                 checked.add(pod.component)
     trainer = yaml.safe_load(values.read_text()).get("trainer", {}).get("enabled", True)
     assert checked == ({"inference", "trainer-head"} if trainer else {"inference"})
+
+
+# -- MLflow's sign-in -----------------------------------------------------------------------------
+
+# The pods whose code talks to MLflow, and the MLflow user each one is (online_rl/registry/access.py's
+# roles): the trainer registers versions, the gateway's rollout controller moves the aliases, serving reads.
+MLFLOW_CLIENTS = {"trainer-head": "trainer", "gateway": "gateway", "inference": "inference"}
+
+
+def _mlflow_user(container: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    env = _env(container)
+    if "MLFLOW_TRACKING_USERNAME" not in env and "MLFLOW_TRACKING_PASSWORD" not in env:
+        return None
+    return (_secret_ref(container, "MLFLOW_TRACKING_USERNAME"),
+            _secret_ref(container, "MLFLOW_TRACKING_PASSWORD"))
+
+
+def _mlflow_users_by_component(objects: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], ...]]:
+    found: dict[str, tuple[dict[str, Any], ...]] = {}
+    for pod in pods(objects):
+        for container in [*pod.containers, *pod.spec.get("initContainers", [])]:
+            user = _mlflow_user(container)
+            if user is not None:
+                assert pod.component not in found, f"{pod.owner}: two MLflow users"
+                found[pod.component] = user
+    return found
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=IDS)
+def test_each_mlflow_client_signs_in_as_its_own_user_with_only_its_rights(values: Path) -> None:
+    objects = render(values)
+    spec = yaml.safe_load(values.read_text())
+    secret = spec.get("mlflow", {}).get("auth", {}).get("existingSecret") or "orl-online-rl-mlflow-auth"
+    users = _mlflow_users_by_component(objects)
+    trainer = spec.get("trainer", {}).get("enabled", True)
+    assert set(users) == {c for c in MLFLOW_CLIENTS if trainer or c != "trainer-head"}  # nobody else signs in
+    for component, (username, password) in users.items():
+        role = MLFLOW_CLIENTS[component]
+        assert username == {"name": secret, "key": f"{role}-username"}, component
+        assert password == {"name": secret, "key": f"{role}-password"}, component
+    # what each user may do is the code's table (online_rl/registry/access.py): serving only reads, the
+    # trainer writes runs, and the two writers share the model (MLflow asks the same right to register a
+    # version and to move an alias, and the gateway's rollout controller must move them)
+    from online_rl.registry.access import GRANTS, MODEL
+
+    assert set(GRANTS) == set(MLFLOW_CLIENTS.values())
+    assert GRANTS["inference"] == ()  # read-only: the default permission, READ
+    writers = {role for role, grants in GRANTS.items() if ("registered_model", MODEL, "MANAGE") in grants}
+    assert writers == {"trainer", "gateway"}  # the gateway's rollout controller moves the aliases
+    assert ("experiment", "*", "EDIT") in GRANTS["trainer"]  # its runs and their artifacts
+    assert all(g[0] != "experiment" for g in GRANTS["gateway"])
+    if spec.get("mlflow", {}).get("mode") == "external":
+        assert not [s for s in by_kind(objects, "Secret") if s["metadata"]["name"].endswith("-mlflow-auth")]
+
+
+def test_an_external_mlflow_without_users_is_reached_without_signing_in() -> None:
+    objects = render(EXTERNAL, "mlflow.auth.existingSecret=")
+    assert _mlflow_users_by_component(objects) == {}
+
+
+INTERNAL_MLFLOW = [v for v in VALUES_FILES if v != EXTERNAL]
+
+
+@pytest.mark.parametrize("values", INTERNAL_MLFLOW, ids=[v.stem for v in INTERNAL_MLFLOW])
+def test_the_mlflow_server_runs_the_sign_in_app_and_gives_each_user_its_rights(values: Path) -> None:
+    from typer.testing import CliRunner
+
+    from online_rl.cli.app import app
+
+    objects = render(values)
+    spec = yaml.safe_load(values.read_text())
+    database = spec.get("mlflow", {}).get("database", {})
+    (pod,) = [p for p in pods(objects) if p.component == "mlflow"]
+    (server,) = pod.containers
+    env = _env(server)
+    assert "--app-name=basic-auth" in server["args"]
+    # the config file the init container writes is the one the server reads, on a volume they share
+    (init,) = pod.spec["initContainers"]
+    config = Path(env["MLFLOW_AUTH_CONFIG_PATH"]["value"])
+    assert init["args"] == ["registry", "auth-config", str(config)]
+    mounts = {m["name"]: m["mountPath"] for m in server["volumeMounts"]}
+    assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]} == {"auth-config": str(config.parent)}
+    assert mounts["auth-config"] == str(config.parent)
+    user_db = _env(init)["MLFLOW_AUTH_DATABASE_URI"]
+    if database.get("existingSecret"):  # the tracking store's database (replicas share it)
+        assert user_db["valueFrom"]["secretKeyRef"] == {"name": database["existingSecret"],
+                                                        "key": database.get("secretKey", "uri")}
+    else:  # SQLite beside the tracking store's, on the volume
+        assert user_db["value"] == "sqlite:////mlflow/basic_auth.db" and mounts["data"] == "/mlflow"
+    # the admin's password and the app's key come from the chart's Secret, made at install
+    (made,) = [s for s in by_kind(objects, "Secret") if s["metadata"]["name"] == "orl-online-rl-mlflow-auth"]
+    data = made["stringData"]
+    assert made["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert _secret_ref(server, "MLFLOW_AUTH_ADMIN_PASSWORD") == {"name": "orl-online-rl-mlflow-auth",
+                                                                 "key": "admin-password"}
+    assert _secret_ref(server, "MLFLOW_FLASK_SERVER_SECRET_KEY")["key"] == "flask-secret-key"
+    passwords = [data["admin-password"], data["flask-secret-key"],
+                 *(data[f"{role}-password"] for role in MLFLOW_CLIENTS.values())]
+    assert len(set(passwords)) == len(passwords) and min(map(len, passwords)) >= 12  # MLflow's minimum
+    assert all(data[f"{role}-username"] == role for role in MLFLOW_CLIENTS.values())
+    # before the pod is ready, `online-rl registry grant` makes each user with its rights, from the Secret
+    command = server["lifecycle"]["postStart"]["exec"]["command"]
+    assert command[:3] == ["online-rl", "registry", "grant"]
+    folder = Path(command[3])
+    (volume,) = [v for v in pod.spec["volumes"] if v["name"] == next(
+        m["name"] for m in server["volumeMounts"] if Path(m["mountPath"]) == folder)]
+    assert volume["secret"]["secretName"] == "orl-online-rl-mlflow-auth"
+    assert {i["key"] for i in volume["secret"]["items"]} == {
+        f"{role}-{what}" for role in MLFLOW_CLIENTS.values() for what in ("username", "password")}
+    assert all(i["path"] == i["key"] for i in volume["secret"]["items"])
+    assert command[command.index("--registered-model") + 1] == spec.get("config", {}).get("mlflow", {}).get(
+        "registered_model", "online-rl-policy")
+    assert command[command.index("--tracking-uri") + 1] == "http://127.0.0.1:5000"
+    parsed = CliRunner().invoke(app, [*command[1:], "--help"])  # the command and its options exist
+    assert parsed.exit_code == 0, parsed.output
+
+
+def test_mlflow_passwords_from_an_existing_secret_are_used_and_none_are_made() -> None:
+    objects = render(MINIMAL, "mlflow.auth.existingSecret=my-mlflow")
+    assert not [s for s in by_kind(objects, "Secret") if s["metadata"]["name"].endswith("-mlflow-auth")]
+    (pod,) = [p for p in pods(objects) if p.component == "mlflow"]
+    assert _secret_ref(pod.containers[0], "MLFLOW_AUTH_ADMIN_PASSWORD")["name"] == "my-mlflow"
+    secrets = {ref["name"] for user in _mlflow_users_by_component(objects).values() for ref in user}
+    assert secrets == {"my-mlflow"}

@@ -70,14 +70,20 @@ def test_the_chart_runs_the_commands_the_image_provides(parsed: DockerfileParser
     for obj in objects:
         if obj["kind"] != "Deployment":
             continue
-        for container in obj["spec"]["template"]["spec"]["containers"]:
+        spec = obj["spec"]["template"]["spec"]
+        for container in [*spec["containers"], *spec.get("initContainers", [])]:
+            runs = [container["args"]]
+            hook = container.get("lifecycle", {}).get("postStart", {}).get("exec", {}).get("command")
+            if hook:  # MLflow's users, made by online-rl in the server's container
+                assert hook[0] == "online-rl"
+                runs.append(hook[1:])
             if "command" in container:  # MLflow's server, from the same image
                 assert container["command"] == ["mlflow"]
-                continue
-            words = container["args"]
-            group = cli.commands[words[0]]  # type: ignore[attr-defined]
-            if len(words) > 1:
-                assert words[1] in group.commands, f"online-rl {' '.join(words)} does not exist"
+                runs = runs[1:]
+            for words in runs:
+                group = cli.commands[words[0]]  # type: ignore[attr-defined]
+                if len(words) > 1:
+                    assert words[1] in group.commands, f"online-rl {' '.join(words)} does not exist"
     linked = re.search(r"ln -s (.+) /usr/local/bin/", DOCKERFILE.read_text())
     assert linked is not None  # KubeRay's login shell finds ray and online-rl
     assert {Path(p).name for p in linked.group(1).split()} >= {"ray", "online-rl", "mlflow"}

@@ -23,6 +23,7 @@ from online_rl.launch import (
     LaunchError,
     down,
     read_keys,
+    read_registry_auth,
     read_state,
     status,
     up,
@@ -106,9 +107,17 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
     # promotion below would fail otherwise)
     assert os.stat(settings.run_dir / "signing.pem").st_mode & 0o077 == 0
 
-    # Wired together: the MLflow UI answers; users chat through the gateway and post feedback with the
-    # user key, which cannot steer rollouts; the admin key can.
-    assert httpx.get(wiring["mlflow_url"], timeout=10).status_code == 200
+    # MLflow asks who is there: each component signs in as its own user (the passwords: owner only)
+    assert os.stat(settings.run_dir / "mlflow-auth.json").st_mode & 0o077 == 0
+    registry = read_registry_auth(settings.run_dir)
+    assert registry is not None
+    viewer = registry.users["inference"]
+    assert httpx.get(wiring["mlflow_url"], timeout=10).status_code == 401
+    ui = httpx.get(wiring["mlflow_url"], auth=(viewer.username, viewer.password), timeout=10)
+    assert ui.status_code == 200
+
+    # Wired together: users chat through the gateway and post feedback with the user key, which cannot steer
+    # rollouts; the admin key can.
     llm = openai.OpenAI(base_url=wiring["gateway_url"] + "/v1", api_key=keys.user)
     answer = llm.chat.completions.create(model="any", user="u1", max_tokens=4,
                                          messages=[{"role": "user", "content": "Hi"}])

@@ -223,3 +223,61 @@ checksum/upstream: {{ printf "checksum:%s" (include "orl.upstreamKey" .) | sha25
 checksum/config: {{ include "orl.config" . | sha256sum }}
 checksum/keys: {{ printf "%s%s" (toJson .Values.auth.apiKeys) .Values.auth.existingSecret | sha256sum }}
 {{- end -}}
+
+{{/* MLflow's sign-in (its basic-auth app; who may do what: online_rl/registry/access.py). Each component
+that talks to MLflow is a user of its own: the trainer registers versions, the gateway moves the aliases,
+the inference pods only read. The Secret's keys: admin-password and flask-secret-key (the server's), and
+<component>-username and <component>-password for each of `orl.mlflowUsers`. */}}
+{{- define "orl.mlflowUsers" -}}trainer gateway inference{{- end -}}
+
+{{/* The Secret with MLflow's passwords: the given one, else (internal mode) the chart's; empty: an external
+server whose users the chart is not told, so the components sign in as nobody. */}}
+{{- define "orl.mlflowAuthSecret" -}}
+{{- if .Values.mlflow.auth.existingSecret -}}
+{{- .Values.mlflow.auth.existingSecret -}}
+{{- else if eq .Values.mlflow.mode "internal" -}}
+{{- printf "%s-mlflow-auth" (include "orl.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The chart's MLflow passwords, as JSON: the Secret's (kept across upgrades), else new ones. Computed once
+per render, so the Secret and the checksums agree. */}}
+{{- define "orl.mlflowAuth" -}}
+{{- if not .Values.mlflow.auth.generated -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (printf "%s-mlflow-auth" (include "orl.fullname" .)) -}}
+{{- $old := (and $existing $existing.data) | default dict -}}
+{{- $out := dict -}}
+{{- $keys := list "admin-password" "flask-secret-key" -}}
+{{- range $user := splitList " " (include "orl.mlflowUsers" .) }}{{ $keys = append $keys (printf "%s-password" $user) }}{{ end -}}
+{{- range $key := $keys -}}
+{{- $_ := set $out $key (ternary (index $old $key | default "" | b64dec) (randAlphaNum 40) (hasKey $old $key)) -}}
+{{- end -}}
+{{- range $user := splitList " " (include "orl.mlflowUsers" .) }}{{ $_ := set $out (printf "%s-username" $user) $user }}{{ end -}}
+{{- $_ := set .Values.mlflow.auth "generated" $out -}}
+{{- end -}}
+{{- toJson .Values.mlflow.auth.generated -}}
+{{- end -}}
+
+{{- define "orl.mlflowAuthChecksum" -}}
+{{- if include "orl.mlflowAuthSecret" . -}}
+checksum/mlflow-auth: {{ ternary .Values.mlflow.auth.existingSecret (include "orl.mlflowAuth" .) (ne .Values.mlflow.auth.existingSecret "") | sha256sum }}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's MLflow user (MLflow's clients read it from the environment): (dict "ctx" $ "component"
+"trainer"). Nothing when the chart knows no users (an external server without mlflow.auth.existingSecret). */}}
+{{- define "orl.mlflowUserEnv" -}}
+{{- $secret := include "orl.mlflowAuthSecret" .ctx -}}
+{{- if $secret }}
+- name: MLFLOW_TRACKING_USERNAME
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ .component }}-username
+- name: MLFLOW_TRACKING_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ .component }}-password
+{{- end }}
+{{- end -}}
