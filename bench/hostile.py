@@ -22,6 +22,9 @@ to the topics, and what it can ship as a version.
    signed by another key, one whose weights were changed after signing (hashes rewritten to match),
    and one whose source lies outside its run. `forged_versions_loaded` counts the forgeries it
    loaded (0); `genuine_versions_loaded` (1) shows the check is not refusing everything.
+4. Size. The same service is sent a 1 GiB chat request, once announced by its Content-Length and
+   once streamed in chunks: `huge_body_refused_s` is the longer time to the refusal (413, or the
+   connection closed on a streamed body), `huge_body_sent_mib` the most the client got out.
 
 The last line is one JSON object with the figures in `FIELDS`.
 """
@@ -48,7 +51,7 @@ from bench.common import alternated, emit, kafka_broker, put_spread, start_cli_s
 
 FIELDS = ("records", "rejects", "crashes", "dlq_share", "dlq_reasons", "samples_rate_before",
           "samples_rate_after_future_event", "control_rate_after_future_event", "forged_versions_loaded",
-          "genuine_versions_loaded")
+          "genuine_versions_loaded", "huge_body_refused_s", "huge_body_sent_mib")
 TOPICS = ("interactions", "feedback", "samples")
 
 
@@ -329,8 +332,42 @@ def _adapter(model_dir: Path, out: Path) -> Path:
     return out
 
 
-def run_forged(model_dir: Path, model_name: str, work: Path, port: int = 18591) -> tuple[int, int]:
-    """(forgeries loaded, genuine versions loaded) by a real inference service that trusts one signer."""
+def _huge_body(url: str, key: str) -> tuple[float, float]:
+    """(seconds to the refusal, MiB sent) of a 1 GiB chat body, the worse of announced and streamed."""
+    import httpx
+
+    chunk, gib = b"x" * (1 << 20), 1 << 30
+    worst_s, worst_mib = 0.0, 0.0
+    for announced in (True, False):
+        sent = [0]
+
+        def body(sent: list[int] = sent) -> Any:
+            for _ in range(gib // len(chunk)):
+                sent[0] += len(chunk)
+                yield chunk
+
+        headers = {"Authorization": f"Bearer {key}", "content-type": "application/json"}
+        if announced:
+            headers["content-length"] = str(gib)
+        start = time.perf_counter()
+        try:
+            status = httpx.post(url + "/v1/chat/completions", headers=headers, content=body(),
+                                timeout=60).status_code
+        except httpx.TransportError:  # answered 413 and closed while the client still sent
+            status = 413
+        elapsed = time.perf_counter() - start
+        print(f"  1 GiB body (announced: {announced}): {status} in {elapsed:.2f} s, "
+              f"{sent[0] >> 20} MiB sent", flush=True)
+        if status != 413:
+            raise SystemExit(f"a 1 GiB body got {status}, not 413")
+        worst_s, worst_mib = max(worst_s, elapsed), max(worst_mib, sent[0] / (1 << 20))
+    return round(worst_s, 3), round(worst_mib, 1)
+
+
+def run_forged(model_dir: Path, model_name: str, work: Path,
+               port: int = 18591) -> tuple[int, int, float, float]:
+    """(forgeries loaded, genuine versions loaded) by a real inference service that trusts one signer,
+    then the time and bytes it took that service to refuse a 1 GiB body (`_huge_body`)."""
     import httpx
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
@@ -374,7 +411,7 @@ def run_forged(model_dir: Path, model_name: str, work: Path, port: int = 18591) 
            "ORL_KAFKA__BOOTSTRAP_SERVERS": "", "ORL_BUS__EMBEDDED_PATH": str(work / "bus.db"),
            "ORL_MLFLOW__TRACKING_URI": tracking, "ORL_MLFLOW__TRUSTED_SIGNERS": trusted,
            "ORL_INFERENCE__ENGINE": "transformers",
-           "ORL_INFERENCE__API_KEYS": json.dumps([f"{digest} admin"])}
+           "ORL_INFERENCE__API_KEYS": json.dumps([f"{digest} inference,admin"])}
     url = f"http://127.0.0.1:{port}"
     server = start_cli_service(["serve", "inference", "--port", str(port)], env, url, "inference service")
     try:
@@ -384,7 +421,8 @@ def run_forged(model_dir: Path, model_name: str, work: Path, port: int = 18591) 
             print(f"  version {number}: {got.status_code} {got.text[:140]}", flush=True)
             return got.status_code == 201
 
-        return sum(loads(v) for v in forged), sum(loads(v) for v in genuine)
+        loaded = sum(loads(v) for v in forged), sum(loads(v) for v in genuine)
+        return (*loaded, *_huge_body(url, admin))
     finally:
         server.terminate()
         server.wait(30)
@@ -429,10 +467,11 @@ def main() -> None:
         put_spread(result, "samples_rate_after_future_event", ratios["bounded"])
         put_spread(result, "control_rate_after_future_event", ratios["control"])
         put_spread(result, "samples_rate_before", befores, 1)
-    print("3. forged versions against a real inference service that trusts one signer", flush=True)
+    print("3-4. forged versions and a 1 GiB body against a real inference service that trusts one signer",
+          flush=True)
     with tempfile.TemporaryDirectory(prefix="orl-bench-hostile-") as tmp:
-        result["forged_versions_loaded"], result["genuine_versions_loaded"] = run_forged(
-            model_dir, model_name, Path(tmp))
+        (result["forged_versions_loaded"], result["genuine_versions_loaded"], result["huge_body_refused_s"],
+         result["huge_body_sent_mib"]) = run_forged(model_dir, model_name, Path(tmp))
     emit(result, "fp32")
 
 

@@ -86,6 +86,7 @@ def test_hostile_input_neither_crashes_nor_skews_nor_ships_a_forgery(kafka_boots
     assert result["samples_rate_after_future_event"] >= 0.75, result
     assert result["control_rate_after_future_event"] < result["samples_rate_after_future_event"], result
     assert result["forged_versions_loaded"] == 0 and result["genuine_versions_loaded"] == 1
+    assert result["huge_body_sent_mib"] <= 64, result  # a 1 GiB body is refused early
 
 
 def test_the_learning_benchmark_runs_on_a_tiny_model(kafka_bootstrap: str, tiny_model: Path,

@@ -15,7 +15,8 @@ GIB = 1 << 30
 def huge_body_is_refused_early_and_small(url: str, headers: dict[str, str]) -> None:
     """A 1 GiB body, announced by its Content-Length or streamed in chunks, is refused after the client
     could send at most 64 MiB of it (the limit plus what socket buffers hold), without the process (the
-    servers run in it) growing by more than 50 MB. The time it takes is bench/hostile.py's figure."""
+    servers run in it) growing by more than 50 MB. The time it takes is bench/hostile.py's figure
+    (`huge_body_refused_s`)."""
     process = psutil.Process()
     chunk = b"x" * (1 << 20)
 
