@@ -462,7 +462,8 @@ def main() -> None:
             for side in order:
                 before, after = run_future_event(bootstrap, side == "control", args.phase_s)
                 ratios[side].append(after / before if before else 0.0)
-                befores.append(before) if side == "bounded" else None
+                if side == "bounded":
+                    befores.append(before)
                 print(f"  round {r + 1} {side:7s}: {before:5.1f} -> {after:5.1f} samples/s", flush=True)
         put_spread(result, "samples_rate_after_future_event", ratios["bounded"])
         put_spread(result, "control_rate_after_future_event", ratios["control"])
