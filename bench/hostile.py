@@ -167,7 +167,7 @@ def run_records(bootstrap: str, count: int, seed: int = 0, partitions: int = 2) 
 
     bus = KafkaBus(bootstrap)
     topics = Topics(prefix=f"hostile{uuid.uuid4().hex[:8]}")
-    ensure_topics(bus, partitions, topics)
+    ensure_topics(bus, topics, partitions)
     producer = bus.producer()
     expected: dict[tuple[str, str], bool] = {}  # (topic, key) -> rejected by decode
     started = time.monotonic()
@@ -262,7 +262,7 @@ def run_future_event(bootstrap: str, control: bool, phase_s: float, rate: float 
 
     bus = KafkaBus(bootstrap)
     topics = Topics(prefix=f"future{uuid.uuid4().hex[:8]}")
-    ensure_topics(bus, 2, topics)
+    ensure_topics(bus, topics, 2)
     stop = threading.Event()
 
     lag = max(1, round(rate * delay_s))

@@ -59,7 +59,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import alternated, emit, kafka_broker, missing_fields, precisions, spread
 from online_rl.bus.kafka import KafkaBus
-from online_rl.bus.topics import Topics
 from online_rl.config import Settings, load_settings
 from online_rl.events import Completion, FeedbackKind, Message, TrainingSample, encode
 
@@ -145,7 +144,7 @@ def measure(base: Settings, bootstrap: str, workers: int, args: argparse.Namespa
 
     with tempfile.TemporaryDirectory(prefix="orl-bench-trainer-") as tmp:
         settings = _settings(base, bootstrap, workers, args, Path(tmp), precision)
-        topics = Topics(settings.bus.topic_prefix)
+        topics = settings.topics
         bus = KafkaBus(bootstrap)
         bus.create_topic(topics.samples, 2)
         bus.create_topic(topics.dlq, 1)

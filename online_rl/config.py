@@ -14,7 +14,7 @@ import os
 from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -22,6 +22,9 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from online_rl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from online_rl.bus.topics import Topics
 
 __all__ = [
     "BusConfig",
@@ -779,6 +782,13 @@ class Settings(BaseSettings):
         if self.model.path is not None:
             return self.model.path
         return self.cache_dir / "models" / self.model.name
+
+    @property
+    def topics(self) -> Topics:
+        """This deployment's topic names (`bus.topic_prefix`)."""
+        from online_rl.bus.topics import Topics
+
+        return Topics(self.bus.topic_prefix)
 
     @property
     def bus_path(self) -> Path:

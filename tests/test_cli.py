@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from online_rl.bus import FEEDBACK, INTERACTIONS, SAMPLES
+from online_rl.bus import Topics
 from online_rl.bus.embedded import EmbeddedBus
 from online_rl.events import TrainingSample, decode, encode
 from tests.factories import interaction, thumbs
@@ -54,6 +54,8 @@ def test_join_command_turns_feedback_into_samples_and_stops_cleanly(tmp_path: Pa
     assert "orl.samples: 2 partitions" in created.stdout
 
     bus = EmbeddedBus(tmp_path / "bus" / "bus.db")
+    topics = Topics("orl")  # the default prefix
+    INTERACTIONS, FEEDBACK, SAMPLES = topics.interactions, topics.feedback, topics.samples
     producer = bus.producer()
     now = time.time()
     producer.produce(INTERACTIONS, encode(interaction("req-1", created_at=now)), b"req-1")

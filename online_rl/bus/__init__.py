@@ -22,17 +22,12 @@ from online_rl.bus.base import (
     partition_for,
 )
 from online_rl.bus.dlq import DeadLetters, decode_or_dead_letter
-from online_rl.bus.topics import DLQ, FEEDBACK, INTERACTIONS, JOIN_STATE, SAMPLES, Topics, ensure_topics
+from online_rl.bus.topics import Topics, ensure_topics
 
 if TYPE_CHECKING:
     from online_rl.config import Settings
 
 __all__ = [
-    "DLQ",
-    "FEEDBACK",
-    "INTERACTIONS",
-    "JOIN_STATE",
-    "SAMPLES",
     "AssignCallback",
     "Bus",
     "BusError",

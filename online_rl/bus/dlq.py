@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from online_rl.bus.base import Producer, Record
-from online_rl.bus.topics import DLQ
 from online_rl.events import DecodeError, _Event, decode
 
 __all__ = ["DeadLetters", "decode_or_dead_letter"]
@@ -21,9 +20,10 @@ E = TypeVar("E", bound=_Event)
 
 
 class DeadLetters:
-    """Sends rejected records to `orl.dlq` (confirmed on the producer's next flush)."""
+    """Sends rejected records to the dead-letter topic (`<prefix>.dlq`; confirmed on the producer's next
+    flush)."""
 
-    def __init__(self, producer: Producer, component: str, topic: str = DLQ) -> None:
+    def __init__(self, producer: Producer, component: str, topic: str) -> None:
         self._producer = producer
         self._component = component
         self._topic = topic

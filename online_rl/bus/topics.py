@@ -1,7 +1,9 @@
 """Topic names (the contract in docs/architecture.md) and their creation.
 
-The names are `<prefix>.<name>` with the prefix `orl` by default; another prefix lets several
-deployments (or test runs) share one Kafka cluster without seeing each other's records.
+The names are `<prefix>.<name>`, the prefix from `bus.topic_prefix` (`orl` by default; another lets
+several deployments or test runs share one Kafka cluster without seeing each other's records). A
+component takes its names from `settings.topics`; there are no prefix-less defaults, so a caller that
+forgets to pass its topics fails rather than writing to another deployment's.
 """
 
 from __future__ import annotations
@@ -10,14 +12,14 @@ from dataclasses import dataclass
 
 from online_rl.bus.base import Bus
 
-__all__ = ["DLQ", "FEEDBACK", "INTERACTIONS", "JOIN_STATE", "SAMPLES", "Topics", "ensure_topics"]
+__all__ = ["Topics", "ensure_topics"]
 
 
 @dataclass(frozen=True)
 class Topics:
     """The topic names of one deployment."""
 
-    prefix: str = "orl"
+    prefix: str
 
     @property
     def interactions(self) -> str:
@@ -41,15 +43,7 @@ class Topics:
         return f"{self.prefix}.join-state"
 
 
-_DEFAULT = Topics()
-INTERACTIONS = _DEFAULT.interactions
-FEEDBACK = _DEFAULT.feedback
-SAMPLES = _DEFAULT.samples
-DLQ = _DEFAULT.dlq
-JOIN_STATE = _DEFAULT.join_state
-
-
-def ensure_topics(bus: Bus, partitions: int = 4, topics: Topics = _DEFAULT) -> None:
+def ensure_topics(bus: Bus, topics: Topics, partitions: int) -> None:
     """Create every topic of the contract; interactions and feedback share a partition count so
     that the same request id lands on the same partition of both (co-partitioning for the join)."""
     for name in (topics.interactions, topics.feedback, topics.samples):

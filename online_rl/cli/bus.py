@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from online_rl.bus import Topics, ensure_topics, open_bus
+from online_rl.bus import ensure_topics, open_bus
 from online_rl.cli.health import Heartbeat
 from online_rl.cli.signals import stop_on_signals
 from online_rl.config import load_settings
@@ -27,8 +27,8 @@ def create_topics(
     """Create every topic of the contract (existing ones are left as they are)."""
     settings = load_settings(ctx.obj["config"])
     bus = open_bus(settings)
-    topics = Topics(settings.bus.topic_prefix)
-    ensure_topics(bus, partitions or settings.bus.partitions, topics)
+    topics = settings.topics
+    ensure_topics(bus, topics, partitions or settings.bus.partitions)
     for name in (topics.interactions, topics.feedback, topics.samples, topics.dlq, topics.join_state):
         typer.echo(f"{name}: {bus.partitions(name)} partitions")
     bus.close()
@@ -70,8 +70,8 @@ def join_cmd(
 
     settings = load_settings(ctx.obj["config"])
     bus = open_bus(settings)
-    topics = Topics(settings.bus.topic_prefix)
-    ensure_topics(bus, settings.bus.partitions, topics)
+    topics = settings.topics
+    ensure_topics(bus, topics, settings.bus.partitions)
     join = settings.join
     config = JoinConfig(
         window_s=window or join.window_s,

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from online_rl.bus import ensure_topics, open_bus
-from online_rl.bus.topics import Topics
 from online_rl.cli.signals import stop_on_signals
 from online_rl.config import load_settings
 
@@ -29,7 +28,7 @@ def hybrid_cmd(
     settings = load_settings(ctx.obj["config"])
     init_ray(settings)  # before our handlers: Ray installs its own
     bus = open_bus(settings)
-    ensure_topics(bus, settings.bus.partitions, Topics(settings.bus.topic_prefix))
+    ensure_topics(bus, settings.topics, settings.bus.partitions)
     stop = stop_on_signals("the current iteration")
     try:
         state = run_hybrid(settings, bus, max_steps=max_steps, stop=stop)

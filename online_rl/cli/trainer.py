@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from online_rl.bus import ensure_topics, open_bus
-from online_rl.bus.topics import Topics
 from online_rl.cli.health import announce_health
 from online_rl.cli.signals import stop_on_signals
 from online_rl.config import load_settings
@@ -40,7 +39,7 @@ def trainer_cmd(
     settings = load_settings(ctx.obj["config"])
     init_ray(settings)  # first: Ray installs its own SIGTERM handler, which ours must replace
     bus = open_bus(settings)
-    ensure_topics(bus, settings.bus.partitions, Topics(settings.bus.topic_prefix))
+    ensure_topics(bus, settings.topics, settings.bus.partitions)
     stop = stop_on_signals("the current step")
     trainer = Trainer(settings, bus)
     if metrics_port:

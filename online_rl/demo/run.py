@@ -64,14 +64,13 @@ def _offsets(tag: str) -> dict[int, tuple[int, int]]:
 def _trained_on(settings: Settings, versions: list[dict[str, Any]]) -> dict[str, set[str]]:
     """Per version, the request ids behind the samples in its lineage offset ranges."""
     from online_rl.bus import open_bus
-    from online_rl.bus.topics import Topics
     from online_rl.events import DecodeError, TrainingSample, decode
 
     ranges = {v["version"]: _offsets(v["tags"].get("offsets", "")) for v in versions}
     out: dict[str, set[str]] = {v: set() for v in ranges}
     bus = open_bus(settings)
     try:
-        for record in bus.read_all(Topics(settings.bus.topic_prefix).samples):
+        for record in bus.read_all(settings.topics.samples):
             owners = [
                 v
                 for v, spans in ranges.items()

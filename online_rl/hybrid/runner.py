@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from online_rl.bus import Bus, CommitFailed, TopicPartition, open_bus
-from online_rl.bus.topics import Topics
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
 from online_rl.registry import PublishedVersion, load_signing_key, publish_adapter, write_lineage
@@ -79,8 +78,10 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
     key_file = settings.mlflow.signing_key_file  # read now: a bad key fails the start, not a publish
     signing_key = load_signing_key(key_file) if key_file is not None else None
     bus = bus or open_bus(settings)
-    topic = Topics(settings.bus.topic_prefix).samples
-    stream: Stream[TrainingSample] = Stream.from_topic(topic, bus, group_id=config.group_id)
+    topics = settings.topics
+    topic = topics.samples
+    stream: Stream[TrainingSample] = Stream.from_topic(topic, bus, dlq_topic=topics.dlq,
+                                                       group_id=config.group_id)
     client = mlflow_client(settings)
     resolved = config.model_dump(mode="json") | {
         f"lora_{k}": v for k, v in settings.trainer.model_dump(mode="json").items() if k in ("rank", "alpha")}

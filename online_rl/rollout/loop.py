@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from online_rl.bus import Bus, BusError, Topics
+from online_rl.bus import Bus, BusError
 from online_rl.config import RolloutConfig, Settings
 from online_rl.events import TrainingSample, decode
 from online_rl.registry import alias_version, serving_name
@@ -75,7 +75,7 @@ class RolloutLoop:
         self.controller = RolloutController(client, self.registered, self.plan,
                                             RolloutStore(settings.rollout_dir), clock)
         self.pool, self.bus, self.client, self.gate, self.clock = pool, bus, client, gate, clock
-        self.topics = Topics(settings.bus.topic_prefix)
+        self.topics = settings.topics
         self.tally = RewardTally(self.config.reward_bucket_s)
         self.health = HealthLog(clock=clock)
         self.champion: str | None = None  # the version MLflow's `champion` names (refreshed each tick)

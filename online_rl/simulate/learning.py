@@ -247,7 +247,7 @@ class Lab:
         """Users with `entry`'s taste teach a fresh adapter (at `learning_rate`, default the trainer's);
         returns each published version's evaluation. The final version stays loaded in the engine
         (`LearnRun.final_adapter`) until `unload`."""
-        from online_rl.bus.topics import Topics, ensure_topics
+        from online_rl.bus.topics import ensure_topics
         from online_rl.ray_runtime import init_ray
         from online_rl.registry import download_version
         from online_rl.stream import JoinConfig, Joiner
@@ -271,8 +271,8 @@ class Lab:
                 "mlflow": self.settings.mlflow.model_copy(update={"registered_model": f"learn-{tag}"}),
             }
         )
-        topics = Topics(settings.bus.topic_prefix)
-        ensure_topics(self.bus, settings.bus.partitions, topics)
+        topics = settings.topics
+        ensure_topics(self.bus, topics, settings.bus.partitions)
         join = settings.join
         joiner = Joiner(
             self.bus,

@@ -1,6 +1,8 @@
 """The Stream API: a fluent pipeline from a topic to training batches.
 
-    Stream.from_topic("orl.samples", bus).map(fn).filter(fn).mix(cold_start, weight=0.2).batch(32)
+    topics = settings.topics
+    Stream.from_topic(topics.samples, bus, dlq_topic=topics.dlq).map(fn).filter(fn) \
+        .mix(cold_start, weight=0.2).batch(32)
 
 Every batch carries the offsets it covers (every record consumed for it, including ones filtered
 out or dead-lettered), so the trainer commits exactly what it trained on, and only once its
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from online_rl.bus import DLQ, Bus, Consumer, DeadLetters, Record, TopicPartition, decode_or_dead_letter
+from online_rl.bus import Bus, Consumer, DeadLetters, Record, TopicPartition, decode_or_dead_letter
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample, _Event
 
@@ -68,11 +70,12 @@ class Stream(Generic[T]):
         cls,
         topic: str,
         bus: Bus,
+        *,
+        dlq_topic: str,
         group_id: str = "orl-trainer",
         event_type: type[E] = TrainingSample,  # type: ignore[assignment]
         poll_timeout: float = 0.5,
         max_records: int = 500,
-        dlq_topic: str = DLQ,
         start_offsets: Mapping[TopicPartition, int] | None = None,
         start_missing_at: int | None = None,
     ) -> Stream[E]:

@@ -42,19 +42,20 @@ class StepResult:
 
 
 class Joiner:
-    """Joins `orl.interactions` with `orl.feedback` into `orl.samples`, transactionally."""
+    """Joins `<prefix>.interactions` with `<prefix>.feedback` into `<prefix>.samples`, transactionally."""
 
     def __init__(
         self,
         bus: Bus,
         config: JoinConfig,
+        *,
+        topics: Topics,
         group_id: str = "orl-joiner",
         transactional_id: str = "orl-joiner-0",
         clock: Callable[[], float] = time.time,
-        topics: Topics | None = None,
     ) -> None:
         self.bus = bus
-        self.topics = topics = topics or Topics()
+        self.topics = topics
         self.state = JoinState(config)
         self._clock = clock
         self._watermark = 0.0

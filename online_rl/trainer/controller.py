@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from online_rl.algos import AdaptiveKLController
 from online_rl.bus import Bus, CommitFailed, DeadLetters, TopicPartition, open_bus
-from online_rl.bus.topics import Topics
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
 from online_rl.hardware import machine_line
@@ -131,7 +130,7 @@ class Trainer:
         self.settings = settings
         self.config = settings.trainer
         self.bus = bus or open_bus(settings)
-        self.topics = Topics(settings.bus.topic_prefix)
+        self.topics = settings.topics
         self.store = CheckpointStore(settings.checkpoint_dir, keep=self.config.keep_checkpoints)
         self.resolved = self.config.model_dump(mode="json")
         self.config_hash = _config_hash(self.resolved)

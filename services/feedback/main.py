@@ -39,7 +39,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
             "feedback_api.api_keys is empty, so every write would be refused; create a key with "
             "`online-rl keys new` and set its hash in feedback_api.api_keys (or api_keys_file)"
         )
-    ensure_topics(service_bus, settings.bus.partitions, service.topics)
+    ensure_topics(service_bus, service.topics, settings.bus.partitions)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

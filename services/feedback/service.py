@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import Counter as MetricCounter
 
-from online_rl.bus import Bus, Topics
+from online_rl.bus import Bus
 from online_rl.config import Settings
 from online_rl.events import Feedback, encode
 from online_rl.ingest import ApiKeyStore, AsyncBusWriter, KeyInfo, RecentIds, TokenBuckets, UserCaps
@@ -51,7 +51,7 @@ class FeedbackService:
         api = settings.feedback_api
         self.settings = settings
         self.bus = bus
-        self.topics = Topics(settings.bus.topic_prefix)
+        self.topics = settings.topics
         self.keys = ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)
         self.buckets = TokenBuckets(api.rate_limit_per_s, api.rate_burst)
         self.caps = UserCaps(api.user_cap, api.user_cap_window_s)

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from online_rl import __version__
-from online_rl.bus import Bus, Topics, ensure_topics, open_bus
+from online_rl.bus import Bus, ensure_topics, open_bus
 from online_rl.config import Settings
 from online_rl.errors import ConfigError
 from online_rl.ingest import ApiKeyStore
@@ -43,7 +43,7 @@ def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = N
                           "gateway presents to the replicas, e.g. ORL_GATEWAY__UPSTREAM_API_KEY")
     own_bus = bus is None
     service_bus = bus or open_bus(settings)
-    ensure_topics(service_bus, settings.bus.partitions, Topics(settings.bus.topic_prefix))
+    ensure_topics(service_bus, settings.topics, settings.bus.partitions)
     pool = ReplicaPool(api.replicas, api.upstream_api_key.get_secret_value(), api.connect_timeout_s,
                        api.read_timeout_s, api.max_connections, api.replica_cooldown_s)
     client = mlflow_client(settings)

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from online_rl import __version__
-from online_rl.bus import Bus, Topics, ensure_topics, open_bus
+from online_rl.bus import Bus, ensure_topics, open_bus
 from online_rl.config import Settings
 from online_rl.errors import ConfigError
 from online_rl.serving import AdapterManager, Engine, InferenceCore, InteractionLogger, build_engine
@@ -40,8 +40,8 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
         )
     own_bus = bus is None
     service_bus = bus or open_bus(settings)
-    topics = Topics(settings.bus.topic_prefix)
-    ensure_topics(service_bus, settings.bus.partitions, topics)
+    topics = settings.topics
+    ensure_topics(service_bus, topics, settings.bus.partitions)
     engine = engine or build_engine(settings.model_dir, api, cache_dir=settings.cache_dir)
     from transformers import AutoTokenizer
 

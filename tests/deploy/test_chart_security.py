@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from online_rl.bus import Bus, Topics, ensure_topics
+from online_rl.bus import Bus, ensure_topics
 from online_rl.config import Settings
 from online_rl.stream import Joiner
 from tests.deploy.chart import (
@@ -61,7 +61,7 @@ def _named_in_code(name: tuple[str, str]) -> str:
 
 def _code_uses(settings: Settings) -> dict[str, Uses]:
     """Each component's use of the bus, from the code's own names."""
-    topics = Topics(settings.bus.topic_prefix)
+    topics = settings.topics
     joiner = inspect.signature(Joiner.__init__).parameters
     probe = _named_in_code(PROBE_GROUP)
     return {
@@ -91,7 +91,7 @@ class _CreatedTopics:
 def _created_at_start(settings: Settings) -> set[str]:
     """The topics every component asks to create at start (it runs `ensure_topics`)."""
     recorder = _CreatedTopics()
-    ensure_topics(cast(Bus, recorder), settings.bus.partitions, Topics(settings.bus.topic_prefix))
+    ensure_topics(cast(Bus, recorder), settings.topics, settings.bus.partitions)
     return recorder.names
 
 

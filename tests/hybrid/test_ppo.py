@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from online_rl.bus.kafka import KafkaBus
-from online_rl.bus.topics import Topics
 from online_rl.config import Settings
 from online_rl.events import Completion, Message, TrainingSample, encode
 from online_rl.simulate import PROMPTS
@@ -79,7 +78,7 @@ def test_ppo_on_fresh_rollouts_raises_the_learned_reward_within_the_kl_target(
     train, held = questions[:12], questions[12:]
     samples, _ = _pairs(embedded_model, train, settings.model.name)
     assert len(samples) >= 6
-    topics = Topics(settings.bus.topic_prefix)
+    topics = settings.topics
     bus = KafkaBus(kafka_bootstrap)
     bus.create_topic(topics.samples, 2)
     bus.create_topic(topics.dlq, 1)

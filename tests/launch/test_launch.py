@@ -215,14 +215,14 @@ def _wait_for(settings: Settings, done: Callable[[dict[str, ComponentStatus]], b
 
 
 def _wait_for_sample(settings: Settings, request_id: str, timeout_s: float = 60) -> None:
-    from online_rl.bus import Topics, open_bus
+    from online_rl.bus import open_bus
     from online_rl.events import TrainingSample, decode
 
     bus = open_bus(settings)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            for record in bus.read_all(Topics(settings.bus.topic_prefix).samples):
+            for record in bus.read_all(settings.topics.samples):
                 sample = decode(record.value or b"", TrainingSample)
                 if sample.completion is not None and sample.completion.request_id == request_id:
                     return

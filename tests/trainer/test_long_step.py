@@ -21,7 +21,6 @@ import pytest
 
 from online_rl.bus import Bus
 from online_rl.bus.kafka import KafkaBus
-from online_rl.bus.topics import Topics
 from online_rl.config import Settings
 from online_rl.registry import read_lineage
 from online_rl.trainer import CheckpointStore, Trainer
@@ -77,7 +76,7 @@ def test_long_steps_and_a_rebalance_mid_step_train_every_sample_once(
     short = {"session.timeout.ms": POLL_INTERVAL_MS, "max.poll.interval.ms": POLL_INTERVAL_MS,
              "heartbeat.interval.ms": 500}
     bus = KafkaBus(kafka_bootstrap, consumer_extra=short)
-    topics = Topics(settings.bus.topic_prefix)
+    topics = settings.topics
     bus.create_topic(topics.samples, 2)
     bus.create_topic(topics.dlq, 1)
     rng = random.Random(3)

@@ -78,7 +78,7 @@ def send(producer: Any, topic: str, samples: list[TrainingSample]) -> None:
 
 def _kafka_topics(settings: Settings, partitions: int) -> tuple[Bus, Topics]:
     """A Kafka bus with this test's samples topic (`partitions`) and dead-letter topic."""
-    topics = Topics(settings.bus.topic_prefix)
+    topics = settings.topics
     bus: Bus = KafkaBus(settings.kafka.bootstrap_servers or "")
     bus.create_topic(topics.samples, partitions)
     bus.create_topic(topics.dlq, 1)

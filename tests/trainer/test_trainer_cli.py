@@ -16,7 +16,6 @@ import pytest
 
 from online_rl.bus import TopicPartition, ensure_topics
 from online_rl.bus.embedded import EmbeddedBus
-from online_rl.bus.topics import Topics
 from online_rl.config import Settings
 from online_rl.trainer import CheckpointStore
 from tests.conftest import TINY_NAME, _free_port
@@ -33,8 +32,8 @@ def test_sigterm_finishes_the_step_checkpoints_commits_and_exits(tiny_model: Pat
     env.pop("ORL_KAFKA__BOOTSTRAP_SERVERS", None)
     settings = Settings(cache_dir=tmp_path / "cache")
     bus = EmbeddedBus(settings.bus_path)
-    topics = Topics()
-    ensure_topics(bus, 1, topics)
+    topics = settings.topics
+    ensure_topics(bus, topics, 1)
     producer = bus.producer()
     rng = random.Random(3)
     send(producer, topics.samples, [_pair(i, rng) for i in range(8)])

@@ -65,7 +65,7 @@ def make_api(make_bus: Callable[..., Bus], tmp_path: Path) -> Iterator[Callable[
         client = TestClient(app)
         client.__enter__()
         made.append(client)
-        return Api(client, app, the_bus, Topics(settings.bus.topic_prefix), key, other, alice)
+        return Api(client, app, the_bus, settings.topics, key, other, alice)
 
     yield make
     for client in made:

@@ -154,8 +154,8 @@ def make_stack(kafka_bootstrap: str, steerable_model: Path, tmp_path: Path) -> I
                                             trusted_signers, **rollout)
             bus: Bus = KafkaBus(kafka_bootstrap)
             stack.callback(bus.close)
-            topics = Topics(settings.bus.topic_prefix)
-            ensure_topics(bus, settings.bus.partitions, topics)
+            topics = settings.topics
+            ensure_topics(bus, topics, settings.bus.partitions)
             replicas = [stack.enter_context(serve(inference_app(settings, bus=bus))) for _ in range(2)]
             listed = [u.replace("http://127.0.0.1:", "dns+http://localhost:") if dns else u for u in replicas]
             gateway = settings.gateway.model_copy(update={"replicas": [*extra_replicas, *listed],

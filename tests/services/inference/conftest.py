@@ -78,6 +78,6 @@ def make_server(tmp_path: Path) -> Iterator[ServerFactory]:
             app = create_app(settings, bus=the_bus)
             url = stack.enter_context(serve(app))
             stack.callback(the_bus.close)
-            return Server(url, app, the_bus, Topics(settings.bus.topic_prefix), key, admin_key)
+            return Server(url, app, the_bus, settings.topics, key, admin_key)
 
         yield make

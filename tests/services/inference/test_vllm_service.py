@@ -13,7 +13,6 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from online_rl.algos import completion_logprobs
-from online_rl.bus import Topics
 from online_rl.bus.embedded import EmbeddedBus
 from online_rl.events import Interaction
 from online_rl.models import EMBEDDED_MODEL_ID
@@ -40,7 +39,7 @@ def server(embedded_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     bus = EmbeddedBus(root / "bus.db")
     app = create_app(settings, bus=bus)
     with serve(app, startup_timeout=300) as url:
-        yield Server(url, app, bus, Topics(settings.bus.topic_prefix), key, admin_key)
+        yield Server(url, app, bus, settings.topics, key, admin_key)
     bus.close()
 
 
