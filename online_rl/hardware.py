@@ -39,7 +39,7 @@ __all__ = [
     "resolve_precision",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 Precision = Literal["fp32", "bf16"]
 Requested = Literal["auto", "fp32", "bf16"]
@@ -234,7 +234,7 @@ def _store_probe(cache: Path | None, key: str, probe: MatmulProbe) -> None:
         staging.write_text(json.dumps(entries, indent=1, sort_keys=True))
         os.replace(staging, cache)
     except OSError as exc:  # a read-only cache only costs a re-measurement next time
-        log.debug("could not cache the precision probe in %s: %s", cache, exc)
+        logger.debug("could not cache the precision probe in %s: %s", cache, exc)
 
 
 def resolve_precision(requested: str, device: str = "cpu", hidden: int = 576, threads: int | None = None,
@@ -251,8 +251,9 @@ def resolve_precision(requested: str, device: str = "cpu", hidden: int = 576, th
         major, _ = torch.cuda.get_device_capability(torch.device(device))
         choice = choose_precision(requested, None, native_bf16=major >= 8)
         if requested == "bf16" and major < 8:
-            log.warning("%s=bf16 on a GPU without native bfloat16 (compute capability %d): set %s=auto or "
-                        "fp32", what, major, what, extra={"event": "precision_warning", **choice.as_dict()})
+            logger.warning("%s=bf16 on a GPU without native bfloat16 (compute capability %d): set %s=auto or "
+                           "fp32", what, major, what,
+                           extra={"event": "precision_warning", **choice.as_dict()})
     else:
         threads = threads or torch.get_num_threads()
         cache = cache_dir / "hardware" / "precision.json" if cache_dir is not None else None
@@ -263,12 +264,12 @@ def resolve_precision(requested: str, device: str = "cpu", hidden: int = 576, th
             _store_probe(cache, key, probe)
         choice = choose_precision(requested, probe)
         if requested == "bf16" and probe.bf16_speedup < 1.0:
-            log.warning("%s=bf16 on a CPU where bfloat16 measures slower than float32 (%s): set %s=auto "
-                        "or fp32", what, choice.reason.removeprefix("as configured; measured "), what,
-                        extra={"event": "precision_warning", **choice.as_dict()})
+            logger.warning("%s=bf16 on a CPU where bfloat16 measures slower than float32 (%s): set %s=auto "
+                           "or fp32", what, choice.reason.removeprefix("as configured; measured "), what,
+                           extra={"event": "precision_warning", **choice.as_dict()})
     choice = replace(choice, machine=machine_line(choice.precision))
     if log_choice:
-        log.info("%s: %s", what, choice.describe(), extra={"event": "precision", "setting": what,
+        logger.info("%s: %s", what, choice.describe(), extra={"event": "precision", "setting": what,
                                                           "precision": choice.precision})
     return choice
 

@@ -17,7 +17,7 @@ from online_rl.ray_runtime import resolve_precision_on
 
 __all__ = ["HybridGroup", "split"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def split(items: Sequence[Any], parts: int) -> list[list[int]]:
@@ -79,8 +79,8 @@ class HybridGroup:
             if role["tp_rank"] == 0:
                 self.replicas.append(list(role["ranks"]))
         self.replicas.sort()
-        log.info("hybrid group: %d device(s), training dp=%d fsdp=%d, generation %d replica(s) of tp=%d",
-                 self.world, dp, fsdp, len(self.replicas), tp)
+        logger.info("hybrid group: %d device(s), training dp=%d fsdp=%d, generation %d replica(s) of tp=%d",
+                    self.world, dp, fsdp, len(self.replicas), tp)
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         import ray

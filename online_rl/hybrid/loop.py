@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ColocatedPPO", "worker_config"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 Pair = tuple[list[int], list[int], list[int]]
 
@@ -162,9 +162,9 @@ class ColocatedPPO:
                              "kl_coef": self.kl_coef, "rollouts": float(len(rollouts)),
                              "behaviour_gap": sum(gap) / max(1, len(gap)),
                              "iteration_s": time.perf_counter() - start}
-        log.info("hybrid ppo step %d: reward %.3f kl %.3f (coef %.3f) in %.1fs", self.steps, out.mean_reward,
-                 out.sequence_kl, self.kl_coef, metrics["iteration_s"],
-                 extra={"event": "hybrid_step", **{k: round(v, 6) for k, v in metrics.items()}})
+        logger.info("hybrid ppo step %d: reward %.3f kl %.3f (coef %.3f) in %.1fs", self.steps,
+                    out.mean_reward, out.sequence_kl, self.kl_coef, metrics["iteration_s"],
+                    extra={"event": "hybrid_step", **{k: round(v, 6) for k, v in metrics.items()}})
         return metrics
 
     def evaluate(self, prompts: Sequence[Sequence[int]], samples: int = 1,

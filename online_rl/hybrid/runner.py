@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HybridRun", "run_hybrid"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -142,8 +142,8 @@ def _commit(stream: Stream[TrainingSample], state: HybridRun) -> None:
     except CommitFailed as exc:
         refused = exc
     if refused:
-        log.warning("hybrid: the group refused the commit (%s); carrying on", refused,
-                    extra={"event": "commit_refused", "step": state.steps})
+        logger.warning("hybrid: the group refused the commit (%s); carrying on", refused,
+                       extra={"event": "commit_refused", "step": state.steps})
 
 
 def _metrics(values: dict[str, float], step: int) -> list[Any]:
@@ -174,5 +174,5 @@ def _publish(settings: Settings, client: Any, run_id: str, loop: ColocatedPPO, s
                                     artifact_path=f"hybrid/step-{state.steps:09d}")
     state.published.append(published)
     state.published_offsets = dict(state.offsets)
-    log.info("hybrid published %s at step %d", published.serving_name, state.steps,
-             extra={"event": "published", "version": published.version, "step": state.steps})
+    logger.info("hybrid published %s at step %d", published.serving_name, state.steps,
+                extra={"event": "published", "version": published.version, "step": state.steps})

@@ -43,7 +43,7 @@ from online_rl.launch.supervisor import (
 
 __all__ = ["RestartPolicy", "Watchdog"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _TAIL_LINES = 20
 
@@ -86,12 +86,12 @@ class Watchdog:
         self.due: dict[str, float] = {}  # name -> when to restart it
 
     def run_until(self, stop: threading.Event, interval_s: float = 1.0) -> None:
-        log.info("watchdog on %s: restarting components that exit (%s)", self.run, self.policy)
+        logger.info("watchdog on %s: restarting components that exit (%s)", self.run, self.policy)
         while not stop.wait(interval_s):
             try:
                 self.tick()
             except Exception:  # a bad pass (a state file being replaced, ...) must not end the watch
-                log.exception("watchdog pass failed")
+                logger.exception("watchdog pass failed")
 
     def tick(self) -> None:
         """One pass: notice exits, restart what is due, give up on what crashes too often."""
@@ -123,12 +123,12 @@ class Watchdog:
             reason = (f"{name} exited {self.policy.max_restarts + 1} times within "
                       f"{self.policy.window_s:.0f}s (launch.max_restarts, launch.restart_window_s); "
                       f"not restarted again (exit code {code if code is not None else 'unknown'})")
-            log.error("%s; the end of %s:\n%s", reason, entry.get("log"), tail)
+            logger.error("%s; the end of %s:\n%s", reason, entry.get("log"), tail)
             self._update(name, last_exit=exit_info, gave_up={"at": now, "reason": reason, "tail": tail})
             return
         self.due[name] = due
-        log.warning("%s exited (exit code %s); restarting in %.1fs; the end of %s:\n%s", name,
-                    code if code is not None else "unknown", due - now, entry.get("log"), tail)
+        logger.warning("%s exited (exit code %s); restarting in %.1fs; the end of %s:\n%s", name,
+                       code if code is not None else "unknown", due - now, entry.get("log"), tail)
         self._update(name, last_exit=exit_info)
 
     def _restart(self, name: str, entry: dict[str, Any]) -> None:
@@ -152,10 +152,10 @@ class Watchdog:
                 self.children[name] = process
                 pid = process.pid
         except Exception as exc:
-            log.error("restarting %s failed: %s", name, exc)
+            logger.error("restarting %s failed: %s", name, exc)
             self._update(name, last_exit={"at": self.clock(), "code": None, "tail": f"restart failed: {exc}"})
             return  # still down: the next pass treats it as a new exit (backoff, or giving up)
-        log.info("restarted %s (pid %s; restart %d)", name, pid, len(times))
+        logger.info("restarted %s (pid %s; restart %d)", name, pid, len(times))
         self._update(name, pid=pid, started=_started_at(pid) if pid else None)
 
     def _update(self, name: str, **fields: Any) -> None:

@@ -25,7 +25,7 @@ __all__ = ["PublishedVersion", "adapter_files", "alias_version", "check_version_
            "publish_adapter",
            "serving_name"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def serving_name(registered_model: str, version: str | int) -> str:
@@ -78,8 +78,8 @@ def publish_adapter(client: MlflowClient, run_id: str, folder: Path, registered_
     version = str(created.version)
     if alias:
         client.set_registered_model_alias(registered_model, alias, version)
-    log.info("published %s (%s) as %s%s", serving_name(registered_model, version),
-             manifest.adapter_sha256[:12], source, f", alias {alias}" if alias else "")
+    logger.info("published %s (%s) as %s%s", serving_name(registered_model, version),
+                manifest.adapter_sha256[:12], source, f", alias {alias}" if alias else "")
     return PublishedVersion(registered_model, version, alias, source)
 
 

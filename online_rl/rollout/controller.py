@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RolloutConflict", "RolloutController", "RolloutState", "RolloutStore"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 Status = Literal["running", "paused", "promoted", "rolled_back"]
 
@@ -231,8 +231,8 @@ class RolloutController:
             else:
                 self._rollback_in_mlflow(state, reason, evidence)
         except Exception as exc:
-            log.warning("rollout %s: MLflow did not take the %s yet (%s); retrying", state.rollout_id,
-                        state.mlflow_pending, exc)
+            logger.warning("rollout %s: MLflow did not take the %s yet (%s); retrying", state.rollout_id,
+                           state.mlflow_pending, exc)
             return False
         state.mlflow_pending = None
         self.store.save(state)
@@ -272,8 +272,8 @@ class RolloutController:
         state.history.append(entry)
         self.store.save(state)  # the state first: a crash before the audit line repeats no decision
         self.store.audit(entry)
-        log.info("rollout %s: %s (%s) by %s", state.rollout_id, action, reason, actor,
-                 extra={"event": "rollout", **{k: v for k, v in entry.items() if k != "evidence"}})
+        logger.info("rollout %s: %s (%s) by %s", state.rollout_id, action, reason, actor,
+                    extra={"event": "rollout", **{k: v for k, v in entry.items() if k != "evidence"}})
 
     def _require(self, statuses: tuple[str, ...], verb: str) -> RolloutState:
         if self.state is None or self.state.status not in statuses:

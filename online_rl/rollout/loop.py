@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Gate", "RolloutLoop", "plan_from_config"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # The off-policy gate: (challenger serving name, the champion's logged samples) -> the estimate.
 Gate = Callable[[str, list[TrainingSample]], OffPolicyEstimate]
@@ -128,7 +128,7 @@ class RolloutLoop:
                 try:
                     records = consumer.poll(500, 0.5)
                 except BusError as exc:
-                    log.warning("reading samples failed (%s); retrying", exc)
+                    logger.warning("reading samples failed (%s); retrying", exc)
                     self._stop.wait(1.0)
                     continue
                 for record in records:
@@ -156,7 +156,7 @@ class RolloutLoop:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # never let the loop die
-                log.exception("rollout tick failed")
+                logger.exception("rollout tick failed")
                 self.last_error = f"{type(exc).__name__}: {exc}"
             await asyncio.sleep(self.config.interval_s)
 
@@ -170,7 +170,7 @@ class RolloutLoop:
                 try:
                     await stage()
                 except Exception as exc:  # recorded; the next tick retries
-                    log.warning("rollout stage %s failed: %s", stage.__name__, exc, exc_info=True)
+                    logger.warning("rollout stage %s failed: %s", stage.__name__, exc, exc_info=True)
                     problems.append(f"{stage.__name__.strip('_')}: {type(exc).__name__}: {exc}")
         self.last_error = "; ".join(problems) or None
 
@@ -195,7 +195,7 @@ class RolloutLoop:
             if len(missing) == len(self.pool.replicas):
                 raise ReplicaUnavailable(f"no replica could load the champion {self.name(version)}: "
                                          f"{missing}")
-        log.info("champion is now %s", self.name(version))
+        logger.info("champion is now %s", self.name(version))
         self.champion = version
 
     async def _maybe_start(self) -> None:
@@ -241,8 +241,8 @@ class RolloutLoop:
             champion = self.key(self.name(self.champion))
             logged = [s for s in self._logged.get(champion, ()) if s.completion and s.completion.logprobs]
         if len(logged) < self.config.offpolicy_min_samples:
-            log.info("off-policy gate skipped for %s: %d logged champion answers (needs %d)", version,
-                     len(logged), self.config.offpolicy_min_samples)
+            logger.info("off-policy gate skipped for %s: %d logged champion answers (needs %d)", version,
+                        len(logged), self.config.offpolicy_min_samples)
             return None, {"offpolicy": "skipped", "offpolicy_logged": len(logged)}
         estimate = await asyncio.to_thread(self.gate, self.name(version), logged)
         if estimate.kl is not None:
@@ -287,7 +287,7 @@ class RolloutLoop:
             if now - first >= self.config.interval_s:
                 await self.pool.unload(name)
                 self._unneeded_since.pop(name, None)
-                log.info("unloaded %s from the replicas", name)
+                logger.info("unloaded %s from the replicas", name)
         for name in list(self._unneeded_since):
             if name in needed:
                 del self._unneeded_since[name]

@@ -34,7 +34,7 @@ from online_rl.errors import OnlineRLError
 
 __all__ = ["AdapterLoadFailed", "Replica", "ReplicaPool", "ReplicaUnavailable", "Upstream"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class ReplicaUnavailable(OnlineRLError):
@@ -135,7 +135,7 @@ class ReplicaPool:
             try:
                 infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except OSError as exc:
-                log.warning("replica source %s://%s:%d does not resolve: %s", scheme, host, port, exc)
+                logger.warning("replica source %s://%s:%d does not resolve: %s", scheme, host, port, exc)
                 continue
             for address in sorted({str(info[4][0]) for info in infos}):
                 shown = f"[{address}]" if ":" in address else address
@@ -144,7 +144,7 @@ class ReplicaPool:
         fresh = [known.get(url) or Replica(url) for url in dict.fromkeys(urls)]
         changed = [r.url for r in fresh] != [r.url for r in self.replicas]
         if changed:
-            log.info("replicas now: %s", ", ".join(r.url for r in fresh) or "none")
+            logger.info("replicas now: %s", ", ".join(r.url for r in fresh) or "none")
         self.replicas = fresh
         return changed
 
@@ -160,7 +160,7 @@ class ReplicaPool:
     def _down(self, replica: Replica, why: str) -> None:
         replica.failures += 1
         replica.down_until = self.clock() + self.cooldown_s
-        log.warning("replica %s failed (%s); trying another", replica.url, why)
+        logger.warning("replica %s failed (%s); trying another", replica.url, why)
 
     async def send(self, method: str, path: str, content: bytes | None = None,
                    headers: Mapping[str, str] | None = None) -> Upstream:
@@ -236,7 +236,7 @@ class ReplicaPool:
                     if status not in (200, 201):
                         raise AdapterLoadFailed(name, f"replica {replica.url} refused {name} from {source}: "
                                                       f"HTTP {status} {str(body)[:500]}")
-                    log.info("loaded %s on %s", name, replica.url)
+                    logger.info("loaded %s on %s", name, replica.url)
             except (*_FAILED, ReplicaUnavailable) as exc:
                 unreachable[replica.url] = f"{type(exc).__name__}: {exc}"
 
@@ -252,8 +252,9 @@ class ReplicaPool:
                                                  timeout_s=timeout_s + 10,
                                                  params={"timeout_s": str(timeout_s)})
                 if status not in (204, 404):
-                    log.warning("replica %s kept %s: HTTP %d %s", replica.url, name, status, str(body)[:300])
+                    logger.warning("replica %s kept %s: HTTP %d %s", replica.url, name, status,
+                                   str(body)[:300])
             except _FAILED as exc:
-                log.warning("could not unload %s on %s: %s", name, replica.url, exc)
+                logger.warning("could not unload %s on %s: %s", name, replica.url, exc)
 
         await asyncio.gather(*(one(r) for r in self.replicas))

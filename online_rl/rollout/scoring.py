@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LogprobScorer"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class LogprobScorer:
@@ -83,7 +83,7 @@ class LogprobScorer:
         rewards = [float(s.reward) for s in logged if s.reward is not None]
         estimate = snips(rewards, targets, behaviour)
         kl = sum(b - t for b, t in zip(behaviour, targets, strict=True)) / len(logged)
-        log.info("scored %d logged answers under %s: SNIPS %.3f, KL(champion||challenger) %.3f",
-                 len(logged), serving_name, estimate.value, kl)
+        logger.info("scored %d logged answers under %s: SNIPS %.3f, KL(champion||challenger) %.3f",
+                    len(logged), serving_name, estimate.value, kl)
         return OffPolicyEstimate(estimate.value, estimate.logged_value, estimate.effective_samples,
                                  estimate.samples, kl)

@@ -42,7 +42,7 @@ from online_rl.simulate.suite import SUITE, SuiteEntry
 __all__ = ["Evaluation", "Lab", "LearnConfig", "LearnRun", "LearningError", "measure_base_rates",
            "other_answer"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class LearningError(OnlineRLError):

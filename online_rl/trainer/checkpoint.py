@@ -38,7 +38,7 @@ from online_rl.registry.lineage import file_sha256
 __all__ = ["Checkpoint", "CheckpointAhead", "CheckpointCorrupt", "CheckpointStore", "capture_rng",
            "restore_rng"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 _TENSORS, _STATE, _MANIFEST, _LATEST = "tensors.safetensors", "state.json", "manifest.json", "latest"
 
 
@@ -186,8 +186,8 @@ class CheckpointStore:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         self._prune()
-        log.info("checkpoint %s written (%d samples, offsets %s)", name, checkpoint.samples,
-                 {f"{tp.topic}/{tp.partition}": o for tp, o in checkpoint.offsets.items()})
+        logger.info("checkpoint %s written (%d samples, offsets %s)", name, checkpoint.samples,
+                    {f"{tp.topic}/{tp.partition}": o for tp, o in checkpoint.offsets.items()})
         return final
 
     def _point_latest(self, name: str) -> None:
@@ -250,5 +250,5 @@ class CheckpointStore:
             try:
                 return self.load(folder)
             except CheckpointCorrupt as error:
-                log.error("skipping checkpoint %s: %s", folder.name, error)
+                logger.error("skipping checkpoint %s: %s", folder.name, error)
         return None

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Trainer", "TrainerState", "drop_trained"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -192,8 +192,8 @@ class Trainer:
     def _resume(self) -> TrainerState:
         checkpoint = self.store.load_latest()
         if checkpoint is None:
-            log.info("trainer starting fresh (no checkpoint in %s)", self.store.root,
-                     extra={"event": "start", "step": 0, "run_id": self._run_id})
+            logger.info("trainer starting fresh (no checkpoint in %s)", self.store.root,
+                        extra={"event": "start", "step": 0, "run_id": self._run_id})
             return TrainerState(kl_coef=self.config.kl_coef)
         ends = self.bus.end_offsets(self.topics.samples)
         ahead = {tp: offset for tp, offset in checkpoint.offsets.items()
@@ -206,8 +206,8 @@ class Trainer:
                 f"further than it exists: {where}. The topic was recreated or truncated; restore it, or "
                 "give trainer.checkpoint_dir a fresh folder to train the topic from its start")
         self.group.restore(checkpoint)
-        log.info("trainer resumed from step %d at offsets %s", checkpoint.step, checkpoint.offsets,
-                 extra={"event": "resume", "step": checkpoint.step, "samples": checkpoint.samples,
+        logger.info("trainer resumed from step %d at offsets %s", checkpoint.step, checkpoint.offsets,
+                    extra={"event": "resume", "step": checkpoint.step, "samples": checkpoint.samples,
                         "run_id": self._run_id, "offsets": _offsets_field(checkpoint.offsets)})
         state = TrainerState.from_checkpoint(checkpoint)
         if self.config.kl_target is None or not state.kl_coef:  # fixed (or never adapted): the config's
@@ -312,10 +312,10 @@ class Trainer:
         if not refused:
             return
         self.metrics.commits_refused.inc()
-        log.warning("step %d: the group refused the commit (%s); the checkpoint holds offsets %s, and the "
-                    "trainer re-joins and resumes from them", state.step, refused,
-                    _offsets_field(state.offsets),
-                    extra={"event": "commit_refused", "step": state.step, "reason": str(refused)})
+        logger.warning("step %d: the group refused the commit (%s); the checkpoint holds offsets %s, and the "
+                       "trainer re-joins and resumes from them", state.step, refused,
+                       _offsets_field(state.offsets),
+                       extra={"event": "commit_refused", "step": state.step, "reason": str(refused)})
 
     def close(self, failed: bool = False) -> None:
         """End the MLflow run and stop the policy workers (their CPUs go back to Ray)."""
@@ -352,8 +352,9 @@ class Trainer:
                 record = by_id.get(id(sample))
                 if record is not None:
                     dead.send(record, f"trainer cannot use sample {sample.sample_id}: {reason}")
-                log.warning("dead-lettered sample %s: %s", sample.sample_id, reason,
-                            extra={"event": "dead_letter", "sample_id": sample.sample_id, "reason": reason})
+                logger.warning("dead-lettered sample %s: %s", sample.sample_id, reason,
+                               extra={"event": "dead_letter", "sample_id": sample.sample_id,
+                                      "reason": reason})
             dead.flush()  # the dead letters are durable before their offsets are committed
         return routed.split(live_held.__contains__)
 
@@ -361,17 +362,17 @@ class Trainer:
         """One update on `routed`; False (and nothing counted) when its loss or gradient was not finite."""
         from mlflow.entities import Metric
 
-        log.info("step %d started: %d samples", state.step + 1, routed.trained,
-                 extra={"event": "step_started", "step": state.step + 1, "batch": routed.trained})
+        logger.info("step %d started: %d samples", state.step + 1, routed.trained,
+                    extra={"event": "step_started", "step": state.step + 1, "batch": routed.trained})
         metrics: dict[str, float] = {}
         if routed.pairs or routed.thumbs:
             metrics = self.group.train_step(routed)
         if routed.rollouts and not metrics.get("nonfinite"):
             metrics = _merge_steps(metrics, self._ppo(state, routed))
         if metrics.get("nonfinite"):
-            log.error("step %d: the loss or the gradient was not finite (loss %s); update skipped, the batch "
-                      "dead-lettered", state.step + 1, metrics.get("loss"),
-                      extra={"event": "step_nonfinite", "step": state.step + 1, "batch": routed.trained})
+            logger.error("step %d: the loss or the gradient was not finite (loss %s); update skipped, the "
+                         "batch dead-lettered", state.step + 1, metrics.get("loss"),
+                         extra={"event": "step_nonfinite", "step": state.step + 1, "batch": routed.trained})
             return False
         state.step += 1
         state.samples += routed.trained
@@ -390,9 +391,9 @@ class Trainer:
         assert self._client is not None and self._run_id is not None
         rows = [Metric(k, float(v), now, state.step) for k, v in metrics.items()]
         self._client.log_batch(self._run_id, metrics=rows)
-        log.info("step %d: %d samples, loss %.4f, %.0f tokens/s", state.step, routed.trained,
-                 metrics["loss"], metrics["tokens_per_s"],
-                 extra={"event": "step", "step": state.step, "batch": routed.trained} | metrics)
+        logger.info("step %d: %d samples, loss %.4f, %.0f tokens/s", state.step, routed.trained,
+                    metrics["loss"], metrics["tokens_per_s"],
+                    extra={"event": "step", "step": state.step, "batch": routed.trained} | metrics)
         return True
 
     def _ppo(self, state: TrainerState, routed: Routed) -> dict[str, float]:
@@ -431,8 +432,9 @@ class Trainer:
         self.store.save(Checkpoint(step=state.step, samples=state.samples, offsets=dict(state.offsets),
                                    adapter=snapshot["adapter"], optimizer=snapshot["optimizer"],
                                    rng=snapshot["rng"], metadata=state.metadata(), critic=snapshot["critic"]))
-        log.debug("checkpoint at step %d", state.step,
-                  extra={"event": "checkpoint", "step": state.step, "offsets": _offsets_field(state.offsets)})
+        logger.debug("checkpoint at step %d", state.step,
+                     extra={"event": "checkpoint", "step": state.step,
+                            "offsets": _offsets_field(state.offsets)})
 
     def _publish(self, state: TrainerState) -> PublishedVersion:
         assert self._client is not None and self._run_id is not None
@@ -469,8 +471,8 @@ class Trainer:
         state.cold_since_publish = 0
         self.published.append(published)
         self.metrics.published_version.set(int(published.version))
-        log.info("published %s (version %s) at step %d", published.serving_name, published.version,
-                 state.step, extra={"event": "published", "step": state.step, "version": published.version,
+        logger.info("published %s (version %s) at step %d", published.serving_name, published.version,
+                    state.step, extra={"event": "published", "step": state.step, "version": published.version,
                                     "serving_name": published.serving_name, "offsets": offsets})
         self._refresh_anchor()
         return published
@@ -488,9 +490,9 @@ class Trainer:
         now = int(time.time() * 1000)
         self._client.log_batch(self._run_id, metrics=[Metric(k, float(v), now, state.step)
                                                       for k, v in (result | {"eval_gain": gain}).items()])
-        log.info("step %d: held-out score %.4f (%+.4f over the last version) on %d samples", state.step,
-                 result["eval_score"], gain, len(self.evalset),
-                 extra={"event": "eval", "step": state.step, "eval_gain": gain} | result)
+        logger.info("step %d: held-out score %.4f (%+.4f over the last version) on %d samples", state.step,
+                    result["eval_score"], gain, len(self.evalset),
+                    extra={"event": "eval", "step": state.step, "eval_gain": gain} | result)
         return result | {"eval_gain": gain}
 
     def _refresh_anchor(self) -> None:
@@ -506,13 +508,13 @@ class Trainer:
         if files is not None:
             base = json.loads(files[LINEAGE_NAME]).get("base_model")
             if base != self.settings.model.name:
-                log.error("champion %s was trained on %r, not on %r: the KL anchor stays where it was",
-                          serving_name(registered, version or ""), base, self.settings.model.name)
+                logger.error("champion %s was trained on %r, not on %r: the KL anchor stays where it was",
+                             serving_name(registered, version or ""), base, self.settings.model.name)
                 return
         self.group.set_anchor(files)
         self.anchor_version = version
         self.kl_anchor = serving_name(registered, version) if version is not None else "base"
-        log.info("KL anchor: %s", self.kl_anchor, extra={"event": "kl_anchor", "anchor": self.kl_anchor})
+        logger.info("KL anchor: %s", self.kl_anchor, extra={"event": "kl_anchor", "anchor": self.kl_anchor})
 
 
     def _cold_start_lineage(self, state: TrainerState) -> dict[str, str | float | int] | None:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkerGroup", "merge_metrics"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class WorkerGroup:
@@ -79,7 +79,8 @@ class WorkerGroup:
         except Exception:
             self.close()  # a worker that could not start: give its CPUs back before raising
             raise
-        log.info("trainer worker group: %d worker(s) of %s each (%s)", self.size, bundle, trainer.placement)
+        logger.info("trainer worker group: %d worker(s) of %s each (%s)", self.size, bundle,
+                    trainer.placement)
 
     def train_step(self, routed: Routed) -> dict[str, float]:
         """One optimizer step on every rank over `routed`'s samples; the merged metrics."""
@@ -121,7 +122,7 @@ class WorkerGroup:
         remote: Any = ray.remote(CriticWorker)
         self.critic = remote.options(scheduling_strategy=strategy, **resources).remote(
             str(settings.model_dir), config, max(1, int(cpus)), device)
-        log.info("PPO critic started (%s)", settings.trainer.critic_placement)
+        logger.info("PPO critic started (%s)", settings.trainer.critic_placement)
 
     def ppo_score(self, routed: Routed) -> tuple[list[Any], list[list[float]]]:
         """Per rollout (in `routed` order): (pi_old, reference) token log-probs, and the critic's values."""
