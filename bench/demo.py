@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit
 from online_rl.config import load_settings
-from online_rl.demo import run_demo
+from online_rl.demo import DemoOptions, run_demo
 from online_rl.demo.anchors import write_cold_start
 from online_rl.demo.tune import measure_step, tuned
 from online_rl.launch import down, up
@@ -64,10 +64,10 @@ def main() -> None:
     began = time.monotonic()
     up(settings, config, fresh=True)
     up_s = time.monotonic() - began
-    small = {"budget_s": 30.0, "measure": 1, "users": 20, "max_tokens": 8} if args.smoke else {
-        "budget_s": args.budget, "measure": args.measure}
+    options = DemoOptions(budget_s=30.0, measure=1, users=20, max_tokens=8) if args.smoke else DemoOptions(
+        budget_s=args.budget, measure=args.measure)
     try:
-        report = run_demo(settings, args.out, **small)
+        report = run_demo(settings, args.out, options)
     finally:
         down(settings)
     base, final = report["base_reward"], report["final_reward"]

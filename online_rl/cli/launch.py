@@ -128,25 +128,13 @@ def demo_cmd(
 ) -> None:
     """Simulated users on the running loop (`online-rl up`) until versions are promoted through the canary
     and measured, then the report: reward per version over time, MLflow versions, decisions, freshness."""
-    from online_rl.demo import run_demo
+    from online_rl.demo import DemoOptions, run_demo
 
     settings = load_settings(ctx.obj["config"])
-    report = run_demo(
-        settings,
-        out,
-        preference,
-        kind,
-        users,
-        silent,
-        noise,
-        budget,
-        measure,
-        concurrency,
-        max_tokens,
-        seed=seed,
-        promotions=promotions,
-        echo=typer.echo,
-    )
+    options = DemoOptions(preference=preference, kind=kind, users=users, silent=silent, noise=noise,
+                          budget_s=budget, measure=measure, concurrency=concurrency, max_tokens=max_tokens,
+                          seed=seed, promotions=promotions)
+    report = run_demo(settings, out, options, echo=typer.echo)
     fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
     fmt_int = lambda v: "—" if v is None else str(v)  # noqa: E731
     typer.echo(

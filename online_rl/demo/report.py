@@ -78,6 +78,146 @@ def interval95(values: Sequence[float]) -> list[float] | None:
     return [round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)]
 
 
+def _version_name(registered: str, version: str) -> str:
+    """The name a published version serves under."""
+    return f"{registered}-v{version}"
+
+
+def _final_period(
+    rated: Sequence[Answer], promotions: Sequence[dict[str, Any]], start: float, registered: str
+) -> tuple[dict[str, Any], list[float], float]:
+    """The final figure: the last promoted version, how long after the first answer it was promoted and its
+    rewards since (the holdout's aside); with the start of that period. Without a promotion, no version
+    and the whole run."""
+    if not promotions:
+        return {"version": None, "since": None, "answers": 0}, [], start
+    last = promotions[-1]
+    since, name = last["at"], _version_name(registered, last["version"])
+    rewards = [float(a.reward) for a in rated  # type: ignore[arg-type]
+               if a.version == name and a.at >= since and a.arm != "holdout"]
+    return {"version": name, "since": since - start, "answers": len(rewards)}, rewards, since
+
+
+def _baseline(rated: Sequence[Answer], since: float, base_model: str) -> tuple[list[float], str]:
+    """The base model's rewards and where they come from (`base_source`, see the module docstring)."""
+    held = [a for a in rated if a.arm == "holdout"]
+    base = [float(a.reward) for a in held if a.at >= since]  # type: ignore[arg-type]
+    if base:
+        return base, "holdout"
+    if held:  # none of the holdout's feedback fell in that period: its whole run
+        return [float(a.reward) for a in held], "holdout_whole_run"  # type: ignore[arg-type]
+    return [float(a.reward) for a in rated if a.version == base_model], "all"  # type: ignore[arg-type]
+
+
+def _timeline(
+    rated: Sequence[Answer], start: float, bucket_s: float, served_versions: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Reward per version over time, in buckets of `bucket_s` seconds from the first answer."""
+    cells: dict[tuple[int, str], list[float]] = defaultdict(list)
+    overall: dict[int, list[float]] = defaultdict(list)
+    for a in rated:
+        bucket = int((a.at - start) // bucket_s)
+        cells[(bucket, a.version)].append(float(a.reward))  # type: ignore[arg-type]
+        overall[bucket].append(float(a.reward))  # type: ignore[arg-type]
+    return [
+        {
+            "bucket": b,
+            "start_s": b * bucket_s,
+            "served_reward": _round(_mean(overall[b])),
+            "feedback": len(overall[b]),
+            "versions": {
+                v: {"reward": _round(_mean(cells[(b, v)])), "feedback": len(cells[(b, v)])}
+                for v in served_versions
+                if cells.get((b, v))
+            },
+        }
+        for b in sorted(overall)
+    ]
+
+
+def _freshness(
+    answers: Sequence[Answer], history: Sequence[dict[str, Any]], trained_on: dict[str, set[str]],
+    registered: str,
+) -> dict[str, float]:
+    """Per version: from the newest feedback it was trained on to its serving traffic, in seconds."""
+    sent_at = {a.request_id: a.feedback_at for a in answers if a.feedback_at is not None}
+    first_served: dict[str, float] = {}
+    for entry in history:
+        if entry["action"] == "start":
+            first_served.setdefault(str(entry["version"]), entry["at"])
+    freshness: dict[str, float] = {}
+    for version, requests in trained_on.items():
+        times = [sent_at[r] for r in requests if r in sent_at]
+        if times and version in first_served:
+            freshness[_version_name(registered, version)] = round(first_served[version] - max(times), 1)
+    return freshness
+
+
+def _per_version(answers: Sequence[Answer], served_versions: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per version served: its answers, feedback, mean reward and mean taste score."""
+    out = {}
+    for v in served_versions:
+        mine = [a for a in answers if a.version == v]
+        rewards = [float(a.reward) for a in mine if a.reward is not None]
+        out[v] = {
+            "answers": len(mine),
+            "feedback": len(rewards),
+            "reward": _round(_mean(rewards)),
+            "taste_score": _round(_mean([a.score for a in mine])),
+        }
+    return out
+
+
+def _ability_summary(
+    ability: Sequence[AbilityAnswer], base_model: str, final_version: str | None
+) -> dict[str, Any]:
+    """The general-ability check: the base model's and the final version's correct answers, whether the
+    final one collapsed (two or more fewer), and every model's answers."""
+    by_model: dict[str, dict[str, Any]] = defaultdict(lambda: {"correct": 0, "asked": 0, "answers": []})
+    for item in ability:
+        entry = by_model[item.model]
+        entry["asked"] += 1
+        entry["correct"] += int(item.correct)
+        entry["answers"].append({"prompt": item.prompt, "answer": item.answer, "correct": item.correct})
+    base_correct = by_model.get(base_model, {}).get("correct", 0)
+    final_correct = by_model.get(final_version, {}).get("correct") if final_version else None
+    return {
+        "base": base_correct,
+        "final": final_correct,
+        "asked": len(ABILITY_PROMPTS),
+        "collapsed": final_correct is not None and final_correct < base_correct - 1,
+        "models": dict(by_model),
+    }
+
+
+def _rolled_back(history: Sequence[dict[str, Any]], registered: str) -> dict[str, list[str]]:
+    """The versions rolled back or rejected, by why: the canary's verdict, "manual" or "rejected"."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for e in history:
+        if e["action"] in ("rollback", "reject"):
+            verdict = (e.get("evidence") or {}).get("verdict") or ("manual" if e["action"] == "rollback"
+                                                                  and e.get("actor") != "controller"
+                                                                  else "rejected")
+            out[verdict].append(_version_name(registered, str(e["version"])))
+    return dict(out)
+
+
+def _decisions(history: Sequence[dict[str, Any]], start: float, registered: str) -> list[dict[str, Any]]:
+    """The gateway's rollout decisions, timed from the first answer."""
+    return [
+        {
+            "t_s": round(e["at"] - start, 1),
+            "version": _version_name(registered, str(e["version"])),
+            "action": e["action"],
+            "weight": e.get("weight"),
+            "reason": e.get("reason", ""),
+            "actor": e.get("actor"),
+            "verdict": (e.get("evidence") or {}).get("verdict"),
+        }
+        for e in history
+    ]
+
+
 def build_report(
     answers: Sequence[Answer],
     history: Sequence[dict[str, Any]],
@@ -93,95 +233,14 @@ def build_report(
     MLflow's versions (`version`, `aliases`, `tags`, `created_at`); `trained_on`: per version number,
     the request ids of the feedback its training samples carried."""
     start = min((a.at for a in answers), default=meta.get("started_at", 0.0))
-
-    def name(version: str) -> str:
-        return f"{registered}-v{version}"
-
     promotions = [e for e in history if e["action"] == "promote"]
     rated = [a for a in answers if a.reward is not None]
-    final: dict[str, Any] = {"version": None, "since": None, "answers": 0}
-    final_rewards: list[float] = []
-    since = start
-    if promotions:
-        last = promotions[-1]
-        since = last["at"]
-        final_rewards = [float(a.reward) for a in rated  # type: ignore[arg-type]
-                         if a.version == name(last["version"]) and a.at >= since and a.arm != "holdout"]
-        final = {"version": name(last["version"]), "since": since - start, "answers": len(final_rewards)}
-    # the concurrent baseline: the holdout's rewards over the final figure's period
-    held = [a for a in rated if a.arm == "holdout"]
-    base_source = "holdout"
-    base = [float(a.reward) for a in held if a.at >= since]  # type: ignore[arg-type]
-    if not base and held:  # none of the holdout's feedback fell in that period: its whole run
-        base, base_source = [float(a.reward) for a in held], "holdout_whole_run"  # type: ignore[arg-type]
-    if not base:
-        base = [float(a.reward) for a in rated if a.version == base_model]  # type: ignore[arg-type]
-        base_source = "all"
+    final, final_rewards, since = _final_period(rated, promotions, start, registered)
+    base, base_source = _baseline(rated, since, base_model)
     base_reward, final_reward = _mean(base), _mean(final_rewards)
-
-    # Reward per version over time (buckets of `bucket_s` seconds from the first answer).
-    cells: dict[tuple[int, str], list[float]] = defaultdict(list)
-    overall: dict[int, list[float]] = defaultdict(list)
-    for a in rated:
-        bucket = int((a.at - start) // bucket_s)
-        cells[(bucket, a.version)].append(float(a.reward))  # type: ignore[arg-type]
-        overall[bucket].append(float(a.reward))  # type: ignore[arg-type]
-    served_versions = sorted({a.version for a in answers}, key=lambda v: (v != base_model, len(v), v))
-    timeline = [
-        {
-            "bucket": b,
-            "start_s": b * bucket_s,
-            "served_reward": _round(_mean(overall[b])),
-            "feedback": len(overall[b]),
-            "versions": {
-                v: {"reward": _round(_mean(cells[(b, v)])), "feedback": len(cells[(b, v)])}
-                for v in served_versions
-                if cells.get((b, v))
-            },
-        }
-        for b in sorted(overall)
-    ]
-
-    # Freshness: from the newest feedback a version was trained on to that version serving traffic.
-    sent_at = {a.request_id: a.feedback_at for a in answers if a.feedback_at is not None}
-    first_served: dict[str, float] = {}
-    for entry in history:
-        if entry["action"] == "start":
-            first_served.setdefault(str(entry["version"]), entry["at"])
-    freshness: dict[str, float] = {}
-    for version, requests in trained_on.items():
-        times = [sent_at[r] for r in requests if r in sent_at]
-        if times and version in first_served:
-            freshness[name(version)] = round(first_served[version] - max(times), 1)
-
-    per_version = {}
-    for v in served_versions:
-        mine = [a for a in answers if a.version == v]
-        rewards = [float(a.reward) for a in mine if a.reward is not None]
-        per_version[v] = {
-            "answers": len(mine),
-            "feedback": len(rewards),
-            "reward": _round(_mean(rewards)),
-            "taste_score": _round(_mean([a.score for a in mine])),
-        }
-    ability_by_model: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"correct": 0, "asked": 0, "answers": []}
-    )
-    for item in ability:
-        entry = ability_by_model[item.model]
-        entry["asked"] += 1
-        entry["correct"] += int(item.correct)
-        entry["answers"].append({"prompt": item.prompt, "answer": item.answer, "correct": item.correct})
-    base_correct = ability_by_model.get(base_model, {}).get("correct", 0)
-    final_correct = ability_by_model.get(final["version"], {}).get("correct") if final["version"] else None
     gain = None if final_reward is None or base_reward is None else _round(final_reward - base_reward)
-    rollbacks: dict[str, list[str]] = defaultdict(list)  # why versions were rolled back: by verdict
-    for e in history:
-        if e["action"] in ("rollback", "reject"):
-            verdict = (e.get("evidence") or {}).get("verdict") or ("manual" if e["action"] == "rollback"
-                                                                  and e.get("actor") != "controller"
-                                                                  else "rejected")
-            rollbacks[verdict].append(name(str(e["version"])))
+    served_versions = sorted({a.version for a in answers}, key=lambda v: (v != base_model, len(v), v))
+    freshness = _freshness(answers, history, trained_on, registered)
     components = meta.get("components", {})
     return {
         "base_reward": _round(base_reward),
@@ -195,33 +254,16 @@ def build_report(
         "machine": meta.get("machine"),
         "restarts": {n: c.get("restarts", 0) for n, c in components.items()},
         "exited": [dict(c, name=n) for n, c in components.items() if c.get("exited_during_run")],
-        "rollbacks": dict(rollbacks),
-        "promoted_versions": [name(e["version"]) for e in promotions],
+        "rollbacks": _rolled_back(history, registered),
+        "promoted_versions": [_version_name(registered, e["version"]) for e in promotions],
         "freshness_s": statistics.median(freshness.values()) if freshness else None,
         "freshness_s_by_version": freshness,
         "final": final,
         "base_feedback": len(base),
-        "ability": {
-            "base": base_correct,
-            "final": final_correct,
-            "asked": len(ABILITY_PROMPTS),
-            "collapsed": final_correct is not None and final_correct < base_correct - 1,
-            "models": dict(ability_by_model),
-        },
-        "versions": per_version,
-        "timeline": timeline,
-        "decisions": [
-            {
-                "t_s": round(e["at"] - start, 1),
-                "version": name(str(e["version"])),
-                "action": e["action"],
-                "weight": e.get("weight"),
-                "reason": e.get("reason", ""),
-                "actor": e.get("actor"),
-                "verdict": (e.get("evidence") or {}).get("verdict"),
-            }
-            for e in history
-        ],
+        "ability": _ability_summary(ability, base_model, final["version"]),
+        "versions": _per_version(answers, served_versions),
+        "timeline": _timeline(rated, start, bucket_s, served_versions),
+        "decisions": _decisions(history, start, registered),
         "mlflow_versions": [dict(v) for v in versions],
         "meta": {**meta, "bucket_s": bucket_s},
     }
@@ -273,22 +315,28 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _markdown(report: dict[str, Any], image: str) -> str:
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _span(report: dict[str, Any], key: str) -> str:
+    """The 95 % interval under `key`, as the text that follows a figure ("" without one)."""
+    bounds = report.get(key)
+    return "" if not bounds else f", 95 % interval {bounds[0]:.3f}–{bounds[1]:.3f}"
+
+
+def _summary(report: dict[str, Any], image: str) -> list[str]:
+    """The title, the run in a sentence, the machine, the picture and the table of headline figures."""
     meta = report["meta"]
     ability = report["ability"]
     fresh_text = "—" if report["freshness_s"] is None else f"{report['freshness_s']:.0f} s"
-    fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
     machine = report.get("machine") or {}
     stopped = {"goal": "the goal was reached (the promotions, then the measured answers)",
                "budget": "the time budget ran out before the goal"}.get(report.get("stopped_by") or "", "—")
-    def span(key: str) -> str:
-        bounds = report.get(key)
-        return "" if not bounds else f", 95 % interval {bounds[0]:.3f}–{bounds[1]:.3f}"
-
     base_how = {"holdout": "the holdout, the base model serving beside the versions in the same period",
                 "holdout_whole_run": "the holdout over the whole run"}.get(report.get("base_source") or "",
                                                                            "everything the base model served")
-    lines = [
+    return [
         "# online-rl demo report",
         "",
         f"Users: {meta.get('users')} simulated, taste `{meta.get('preference')}`, {meta.get('kind')}, "
@@ -302,11 +350,12 @@ def _markdown(report: dict[str, Any], image: str) -> str:
         "",
         "| | value |",
         "|---|---|",
-        f"| base model's reward ({base_how}) | {fmt(report['base_reward'])} ({report['base_feedback']} "
-        f"feedback{span('base_interval')}) |",
+        f"| base model's reward ({base_how}) | {_fmt(report['base_reward'])} ({report['base_feedback']} "
+        f"feedback{_span(report, 'base_interval')}) |",
         f"| final reward (after the last promotion, {report['final']['version'] or '—'}) | "
-        f"{fmt(report['final_reward'])} ({report['final']['answers']} feedback{span('final_interval')}) |",
-        f"| gain | {fmt(report['reward_gain'])} |",
+        f"{_fmt(report['final_reward'])} ({report['final']['answers']} feedback"
+        f"{_span(report, 'final_interval')}) |",
+        f"| gain | {_fmt(report['reward_gain'])} |",
         f"| promoted through the canary | {', '.join(report['promoted_versions']) or 'none'} |",
         f"| freshness (feedback → a version trained on it serving), median | "
         f"{fresh_text} |",
@@ -316,64 +365,80 @@ def _markdown(report: dict[str, Any], image: str) -> str:
         f"| rolled back | {_rollbacks(report.get('rollbacks') or {})} |",
         "",
     ]
+
+
+def _exits(report: dict[str, Any]) -> list[str]:
+    """Each component that exited during the run, with the end of its log."""
+    lines: list[str] = []
     for exited in report.get("exited") or []:
         state = "gave up on it" if exited.get("failed") else "restarted it"
         lines += [f"**{exited['name']} exited during the run** ({exited.get('restarts', 0)} restart(s); the "
                   f"watchdog {state}). The end of its log when it exited:", "", "```",
                   *(line.removeprefix("    ") for line in str(exited.get("tail", "")).splitlines()),
                   "```", ""]
-    lines += [
+    return lines
+
+
+def _timeline_table(report: dict[str, Any]) -> list[str]:
+    """Reward per version over time: a row per bucket, a column per version."""
+    versions = list(report["versions"])
+    lines = [
         "## Reward per version over time",
         "",
+        "| minute | all traffic | " + " | ".join(versions) + " |",
+        "|---|---|" + "---|" * len(versions),
     ]
-    versions = list(report["versions"])
-    lines += ["| minute | all traffic | " + " | ".join(versions) + " |", "|---|---|" + "---|" * len(versions)]
     for row in report["timeline"]:
         cells = []
         for v in versions:
             cell = row["versions"].get(v)
             cells.append(f"{cell['reward']:.2f} ({cell['feedback']})" if cell else "")
         lines.append(
-            f"| {row['start_s'] / 60:.0f} | {fmt(row['served_reward'])} ({row['feedback']}) | "
+            f"| {row['start_s'] / 60:.0f} | {_fmt(row['served_reward'])} ({row['feedback']}) | "
             + " | ".join(cells)
             + " |"
         )
-    lines += [
-        "",
-        "## Versions served",
-        "",
-        "| version | answers | feedback | reward | taste score (no noise) |",
-        "|---|---|---|---|---|",
-    ]
+    return lines
+
+
+def _versions_table(report: dict[str, Any]) -> list[str]:
+    """Each version served: answers, feedback, reward and taste score."""
+    lines = ["", "## Versions served", "",
+             "| version | answers | feedback | reward | taste score (no noise) |", "|---|---|---|---|---|"]
     for v, s in report["versions"].items():
         lines.append(
-            f"| {v} | {s['answers']} | {s['feedback']} | {fmt(s['reward'])} | {fmt(s['taste_score'])} |"
+            f"| {v} | {s['answers']} | {s['feedback']} | {_fmt(s['reward'])} | {_fmt(s['taste_score'])} |"
         )
-    lines += [
-        "",
-        "## Rollout decisions (the canary gateway)",
-        "",
-        "| t | version | action | reason |",
-        "|---|---|---|---|",
-    ]
+    return lines
+
+
+def _decisions_table(report: dict[str, Any]) -> list[str]:
+    """The canary gateway's decisions in order, with their reasons."""
+    lines = ["", "## Rollout decisions (the canary gateway)", "", "| t | version | action | reason |",
+             "|---|---|---|---|"]
     for d in report["decisions"]:
         reason = d["reason"].replace("|", "\\|")
         lines.append(f"| {d['t_s'] / 60:.1f} min | {d['version']} | {d['action']} | {reason} |")
-    lines += [
-        "",
-        "## MLflow versions",
-        "",
-        "| version | aliases | rollout status | freshness |",
-        "|---|---|---|---|",
-    ]
+    return lines
+
+
+def _mlflow_table(report: dict[str, Any]) -> list[str]:
+    """MLflow's versions: aliases, rollout status and freshness."""
+    lines = ["", "## MLflow versions", "", "| version | aliases | rollout status | freshness |",
+             "|---|---|---|---|"]
     fresh = report["freshness_s_by_version"]
     for v in report["mlflow_versions"]:
-        served = f"{meta.get('registered')}-v{v['version']}"
+        served = f"{report['meta'].get('registered')}-v{v['version']}"
         lines.append(
             f"| {v['version']} | {', '.join(v['aliases']) or ''} | {v['tags'].get('rollout.status', '')} | "
             f"{'' if served not in fresh else f'{fresh[served]:.0f} s'} |"
         )
-    lines += ["", "## General ability", ""]
+    return lines
+
+
+def _ability_answers(report: dict[str, Any]) -> list[str]:
+    """Each model's answers to the general-ability prompts, marked right or wrong."""
+    lines = ["", "## General ability", ""]
     for model, entry in report["ability"]["models"].items():
         lines.append(f"**{model}**: {entry['correct']}/{entry['asked']} correct")
         lines.append("")
@@ -381,7 +446,13 @@ def _markdown(report: dict[str, Any], image: str) -> str:
             mark = "✓" if item["correct"] else "✗"
             lines.append(f"- {mark} {item['prompt']} — {item['answer'].strip()[:120]!r}")
         lines.append("")
-    lines += [
+    return lines
+
+
+def _look_around(report: dict[str, Any]) -> list[str]:
+    """Where to look next: MLflow, the rollout page, the CLI."""
+    meta = report["meta"]
+    return [
         "## Look around",
         "",
         f"- MLflow UI (versions, aliases, lineage, training runs): {meta.get('mlflow_url')}",
@@ -390,7 +461,14 @@ def _markdown(report: dict[str, Any], image: str) -> str:
         "- `.venv/bin/online-rl status`; stop everything with `.venv/bin/online-rl down`",
         "",
     ]
-    return "\n".join(lines)
+
+
+def _markdown(report: dict[str, Any], image: str) -> str:
+    """report.md: the headline figures, then a section per table, then where to look next."""
+    return "\n".join(
+        _summary(report, image) + _exits(report) + _timeline_table(report) + _versions_table(report)
+        + _decisions_table(report) + _mlflow_table(report) + _ability_answers(report) + _look_around(report)
+    )
 
 
 def _rollbacks(by_verdict: dict[str, list[str]]) -> str:

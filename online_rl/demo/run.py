@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,57 @@ from online_rl.config import Settings
 from online_rl.demo.report import ABILITY_PROMPTS, AbilityAnswer, build_report, correct, write_report
 from online_rl.errors import OnlineRLError
 from online_rl.hardware import machine_info
-from online_rl.launch import read_keys, read_registry_auth, read_state, status
+from online_rl.launch import RunKeys, read_keys, read_registry_auth, read_state, status
 from online_rl.registry.access import use_credentials
 from online_rl.simulate import PROMPTS, Population, SimulationResult, load_preference, simulate
 
-__all__ = ["DemoError", "run_demo"]
+__all__ = ["DemoError", "DemoOptions", "run_demo"]
 
 
 class DemoError(OnlineRLError):
-    """The demo cannot run (the loop is not up, or a component is not ready)."""
+    """The demo cannot run (feedback it cannot measure, the loop not up, or a component not ready)."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """The simulated users, and when the demo stops: `promotions` versions promoted through the canary and
+    the last one with `measure` answers with feedback since, or `budget_s` seconds of traffic spent.
+    `show`: progress (bars on a terminal, else a line every `line_every_s` seconds)."""
+
+    preference: str = "length:12"  # what the users like (see `online-rl simulate`)
+    kind: str = "thumbs"  # their feedback: thumbs or rating
+    users: int = 100
+    silent: float = 0.1  # the share of users who never answer
+    noise: float = 0.1  # the chance a thumb is flipped
+    budget_s: float = 1200.0
+    measure: int = 150
+    concurrency: int = 8  # requests in flight
+    max_tokens: int = 48
+    temperature: float = 0.7
+    seed: int = 0  # of the users' choices and noise
+    promotions: int = 2
+    show: bool = True
+    line_every_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("thumbs", "rating"):
+            raise DemoError(
+                f"the demo measures reward per version from thumbs or ratings, not {self.kind!r} (in a "
+                "pairwise choice both answers come from the same version: one wins, one loses)"
+            )
+
+
+@dataclass(frozen=True)
+class _Records:
+    """What the report is built from besides the users' answers, gathered after the run; `problems`: the
+    parts that could not be gathered, and why."""
+
+    history: list[dict[str, Any]]
+    versions: list[dict[str, Any]]
+    trained_on: dict[str, set[str]]
+    ability: list[AbilityAnswer]
+    precision: str | None
+    problems: list[str]
 
 
 def _wired(settings: Settings, wiring: dict[str, Any]) -> Settings:
@@ -190,33 +233,8 @@ def _components(settings: Settings, since: float) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run_demo(
-    settings: Settings,
-    out_dir: Path,
-    preference: str = "length:12",
-    kind: str = "thumbs",
-    users: int = 100,
-    silent: float = 0.1,
-    noise: float = 0.1,
-    budget_s: float = 1200.0,
-    measure: int = 150,
-    concurrency: int = 8,
-    max_tokens: int = 48,
-    temperature: float = 0.7,
-    seed: int = 0,
-    promotions: int = 2,
-    show: bool = True,
-    echo: Callable[[str], None] = print,
-    line_every_s: float = 30.0,
-) -> dict[str, Any]:
-    """Run the simulated users on the running loop until `promotions` versions have been promoted
-    through the canary and the last one has `measure` answers with feedback since (or `budget_s` is
-    spent), then write and return the report."""
-    if kind not in ("thumbs", "rating"):
-        raise DemoError(
-            f"the demo measures reward per version from thumbs or ratings, not {kind!r} (in a "
-            "pairwise choice both answers come from the same version: one wins, one loses)"
-        )
+def _ready(settings: Settings) -> tuple[dict[str, Any], RunKeys]:
+    """The running loop's wiring and keys; DemoError unless it is up and every component is ready."""
     wiring, components = status(settings)
     if wiring is None:
         raise DemoError(f"the loop is not up (no run in {settings.run_dir}); start it with `online-rl up`")
@@ -226,99 +244,135 @@ def run_demo(
             f"not every component is ready ({', '.join(down)}); see `online-rl status` and the logs "
             f"in {settings.run_dir / 'logs'}"
         )
-    keys = read_keys(settings.run_dir)
-    wired = _wired(settings, wiring)
-    population = Population(load_preference(preference), users, silent, noise, kind, seed)  # type: ignore[arg-type]
-    registered, base_model = settings.mlflow.registered_model, settings.model.name
-    result, stop, failure = SimulationResult(), threading.Event(), []
-    started = time.time()
+    return wiring, read_keys(settings.run_dir)
 
-    def users_talk() -> None:
-        try:
-            simulate(
-                wiring["gateway_url"],
-                wiring["feedback_url"],
-                keys.user,
-                population,
-                None,
-                PROMPTS,
-                concurrency,
-                max_tokens,
-                temperature,
-                stop=stop.is_set,
-                result=result,
-            )
-        except BaseException as exc:  # surfaced below, not lost in a thread
-            failure.append(exc)
 
-    def history_now(http: httpx.Client) -> list[dict[str, Any]]:
-        entries = http.get("/rollout/history", params={"limit": 10_000}).json()["entries"]
-        return [e for e in entries if e["at"] >= started]  # this demo's decisions only
-
-    worker = threading.Thread(target=users_talk, daemon=True)
-    worker.start()
-    admin = httpx.Client(
+def _admin(wiring: dict[str, Any], keys: RunKeys) -> httpx.Client:
+    """A client of the gateway with the admin key."""
+    return httpx.Client(
         base_url=wiring["gateway_url"], headers={"Authorization": f"Bearer {keys.admin}"}, timeout=10
     )
-    columns = (
+
+
+def _history(admin: httpx.Client, started: float) -> list[dict[str, Any]]:
+    """The gateway's rollout decisions since `started` (this demo's only)."""
+    entries = admin.get("/rollout/history", params={"limit": 10_000}).json()["entries"]
+    return [e for e in entries if e["at"] >= started]
+
+
+def _measured(promoted: list[dict[str, Any]], result: SimulationResult, registered: str) -> int:
+    """Answers with feedback the last promoted version served since its promotion (0 before one)."""
+    if not promoted:
+        return 0
+    last = promoted[-1]
+    name = f"{registered}-v{last['version']}"
+    return sum(
+        1 for a in list(result.answers) if a.version == name and a.at >= last["at"] and a.reward is not None
+    )
+
+
+def _progress(disabled: bool) -> Progress:
+    return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.completed:.0f}/{task.total:.0f}"),
         TimeElapsedColumn(),
         TextColumn("{task.fields[note]}"),
+        disable=disabled,
+        refresh_per_second=2,
     )
+
+
+def _watch(
+    admin: httpx.Client,
+    users: threading.Thread,
+    result: SimulationResult,
+    wiring: dict[str, Any],
+    registered: str,
+    options: DemoOptions,
+    started: float,
+    echo: Callable[[str], None],
+) -> str:
+    """Follow the rollout while the users talk: "goal" once the promotions and the measured answers are
+    in, "budget" when the time budget is spent (or the users stopped)."""
     # On a terminal: progress bars. Without one (CI, nohup, a pipe) the bars print nothing, so a plain
     # line at least every `line_every_s` shows the run is alive.
-    bars_on = show and sys.stdout.isatty()
-    stopped_by, last_line = "budget", 0.0
+    bars_on = options.show and sys.stdout.isatty()
+    last_line = 0.0
+    with _progress(disabled=not bars_on) as bars:
+        budget = bars.add_task("time budget (s)     ", total=options.budget_s, note="")
+        after = bars.add_task("after the promotions", total=options.measure, note="waiting for a promotion")
+        while time.time() - started < options.budget_s and users.is_alive():
+            time.sleep(2.0)
+            try:
+                history = _history(admin, started)
+                now = admin.get("/rollout").json()
+            except (httpx.HTTPError, ValueError, KeyError):
+                continue
+            promoted = [e for e in history if e["action"] == "promote"]
+            measured = _measured(promoted, result, registered)
+            if promoted:
+                bars.update(
+                    after,
+                    completed=min(measured, options.measure) if len(promoted) >= options.promotions else 0,
+                    note=f"{registered}-v{promoted[-1]['version']} promoted ({len(promoted)} of "
+                    f"{options.promotions})",
+                )
+            note = f"{result.requests} answers · reward (last 200) {_recent(result)} · {_arm(now)}"
+            bars.update(budget, completed=time.time() - started, note=note)
+            if options.show and not bars_on and time.time() - last_line >= options.line_every_s:
+                last_line = time.time()
+                echo(f"[{(last_line - started) / 60:4.1f} min] {note} · {_trainer(wiring)} · promoted "
+                     f"{len(promoted)}/{options.promotions}"
+                     + (f", {measured}/{options.measure} measured" if promoted else ""))
+            if len(promoted) >= options.promotions and measured >= options.measure:
+                return "goal"
+    return "budget"
+
+
+def _run_users(
+    wiring: dict[str, Any],
+    keys: RunKeys,
+    population: Population,
+    registered: str,
+    options: DemoOptions,
+    started: float,
+    echo: Callable[[str], None],
+) -> tuple[SimulationResult, str]:
+    """The simulated users on the loop until the goal or the budget: what they got, and what stopped them."""
+    result, stop, failure = SimulationResult(), threading.Event(), []
+
+    def users_talk() -> None:
+        try:
+            simulate(wiring["gateway_url"], wiring["feedback_url"], keys.user, population, None, PROMPTS,
+                     options.concurrency, options.max_tokens, options.temperature, stop=stop.is_set,
+                     result=result)
+        except BaseException as exc:  # surfaced below, not lost in a thread
+            failure.append(exc)
+
+    users = threading.Thread(target=users_talk, daemon=True)
+    users.start()
+    admin = _admin(wiring, keys)
     try:
-        with Progress(*columns, disable=not bars_on, refresh_per_second=2) as bars:
-            budget = bars.add_task("time budget (s)     ", total=budget_s, note="")
-            after = bars.add_task("after the promotions", total=measure, note="waiting for a promotion")
-            while time.time() - started < budget_s and worker.is_alive():
-                time.sleep(2.0)
-                try:
-                    history = history_now(admin)
-                    now = admin.get("/rollout").json()
-                except (httpx.HTTPError, ValueError, KeyError):
-                    continue
-                promoted = [e for e in history if e["action"] == "promote"]
-                measured = 0
-                if promoted:
-                    last = promoted[-1]
-                    name = f"{registered}-v{last['version']}"
-                    measured = sum(
-                        1
-                        for a in list(result.answers)
-                        if a.version == name and a.at >= last["at"] and a.reward is not None
-                    )
-                    bars.update(
-                        after,
-                        completed=min(measured, measure) if len(promoted) >= promotions else 0,
-                        note=f"{name} promoted ({len(promoted)} of {promotions})",
-                    )
-                note = f"{result.requests} answers · reward (last 200) {_recent(result)} · {_arm(now)}"
-                bars.update(budget, completed=time.time() - started, note=note)
-                if show and not bars_on and time.time() - last_line >= line_every_s:
-                    last_line = time.time()
-                    echo(f"[{(last_line - started) / 60:4.1f} min] {note} · {_trainer(wiring)} · promoted "
-                         f"{len(promoted)}/{promotions}" + (f", {measured}/{measure} measured" if promoted
-                                                            else ""))
-                if len(promoted) >= promotions and measured >= measure:
-                    stopped_by = "goal"
-                    break
+        stopped_by = _watch(admin, users, result, wiring, registered, options, started, echo)
     finally:
         stop.set()
-        worker.join(timeout=600)
+        users.join(timeout=600)
         admin.close()
     if failure:
         raise DemoError(f"the simulated users stopped: {failure[0]!r}") from failure[0]
-    ended = time.time()
-    answers = list(result.answers)
-    echo("gathering the report: rollout decisions, MLflow versions, training lineage, general ability ...")
+    return result, stopped_by
+
+
+def _gather(
+    settings: Settings, wiring: dict[str, Any], keys: RunKeys, started: float, echo: Callable[[str], None]
+) -> _Records:
+    """The rollout decisions, MLflow's versions, each version's training lineage, the general-ability
+    check and the trainer's precision; a part that fails is left empty and named in `problems`."""
     problems: list[str] = []
     registry = read_registry_auth(settings.run_dir.resolve())
     reader = registry.users.get("inference") if registry else None  # MLflow is read as the serving user
+    wired = _wired(settings, wiring)
 
     def gather(what: str, call: Callable[[], Any], empty: Any) -> Any:
         try:
@@ -330,42 +384,83 @@ def run_demo(
             return empty
 
     def final_history() -> list[dict[str, Any]]:
-        with httpx.Client(
-            base_url=wiring["gateway_url"], headers={"Authorization": f"Bearer {keys.admin}"}, timeout=10
-        ) as http:
-            return history_now(http)
+        with _admin(wiring, keys) as http:
+            return _history(http, started)
 
     history = gather("rollout decisions", final_history, [])
     versions = gather("MLflow versions", lambda: _mlflow_versions(wired), [])
     trained_on = gather("training lineage", lambda: _trained_on(wired, versions), {})
+    registered, base_model = settings.mlflow.registered_model, settings.model.name
     champion = [f"{registered}-v{e['version']}" for e in history if e["action"] == "promote"][-1:]
     ability = gather(
         "general ability", lambda: _ability(wiring["inference_url"], keys.admin, [base_model, *champion]), []
     )
-    meta = {
+    precision = gather("trainer precision", lambda: _trainer_precision(wired), None)
+    return _Records(history, versions, trained_on, ability, precision, problems)
+
+
+def _meta(
+    settings: Settings,
+    wiring: dict[str, Any],
+    options: DemoOptions,
+    population: Population,
+    result: SimulationResult,
+    started: float,
+    ended: float,
+    stopped_by: str,
+    records: _Records,
+) -> dict[str, Any]:
+    """The run's particulars for the report: the users, the traffic, the goal, where to look, the machine
+    and how the components fared."""
+    return {
         "preference": population.preference.name,
-        "kind": kind,
-        "users": users,
-        "silent": silent,
-        "noise": noise,
+        "kind": options.kind,
+        "users": options.users,
+        "silent": options.silent,
+        "noise": options.noise,
         "requests": result.requests,
         "failed": result.failed,
         "feedback_failed": result.feedback_failed,
         "started_at": started,
         "duration_s": round(ended - started, 1),
-        "budget_s": budget_s,
-        "measure": measure,
-        "promotions_wanted": promotions,
-        "registered": registered,
-        "base_model": base_model,
+        "budget_s": options.budget_s,
+        "measure": options.measure,
+        "promotions_wanted": options.promotions,
+        "registered": settings.mlflow.registered_model,
+        "base_model": settings.model.name,
         "mlflow_url": wiring["mlflow_url"],
         "gateway_url": wiring["gateway_url"],
         "keys_file": str(settings.run_dir / "keys.json"),
-        "problems": problems,
+        "problems": records.problems,
         "stopped_by": stopped_by,
-        "machine": machine_info(gather("trainer precision", lambda: _trainer_precision(wired), None)),
+        "machine": machine_info(records.precision),
         "components": _components(settings, started),
     }
-    report = build_report(answers, history, versions, trained_on, ability, base_model, registered, meta)
+
+
+def run_demo(
+    settings: Settings,
+    out_dir: Path,
+    options: DemoOptions = DemoOptions(),
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the simulated users on the running loop until `options.promotions` versions have been promoted
+    through the canary and the last one has `options.measure` answers with feedback since (or
+    `options.budget_s` is spent), then write and return the report."""
+    wiring, keys = _ready(settings)
+    population = Population(
+        load_preference(options.preference), options.users, options.silent, options.noise,
+        options.kind, options.seed,  # type: ignore[arg-type]
+    )
+    registered, base_model = settings.mlflow.registered_model, settings.model.name
+    started = time.time()
+    result, stopped_by = _run_users(wiring, keys, population, registered, options, started, echo)
+    ended = time.time()
+    answers = list(result.answers)
+    echo("gathering the report: rollout decisions, MLflow versions, training lineage, general ability ...")
+    records = _gather(settings, wiring, keys, started, echo)
+    meta = _meta(settings, wiring, options, population, result, started, ended, stopped_by, records)
+    report = build_report(answers, records.history, records.versions, records.trained_on, records.ability,
+                          base_model, registered, meta)
     write_report(report, out_dir)
     return report

@@ -135,11 +135,12 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
         up(settings, config, echo=lambda _: None)
 
     # The demo on the running loop: simulated users for a short budget, then the report.
-    from online_rl.demo import run_demo
+    from online_rl.demo import DemoOptions, run_demo
 
     said: list[str] = []
-    report = run_demo(settings, tmp_path / "report", budget_s=45, measure=10, concurrency=4, max_tokens=8,
-                      users=20, silent=0.0, noise=0.0, echo=said.append, line_every_s=5)
+    options = DemoOptions(budget_s=45, measure=10, concurrency=4, max_tokens=8, users=20, silent=0.0,
+                          noise=0.0, line_every_s=5)
+    report = run_demo(settings, tmp_path / "report", options, echo=said.append)
     saved = json.loads((tmp_path / "report" / "report.json").read_text())
     # no terminal here: plain progress lines instead of bars, so a run in CI or under nohup shows life
     progress = [line for line in said if line.startswith("[") and " answers · reward (last 200) " in line]

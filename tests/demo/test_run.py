@@ -1,0 +1,24 @@
+"""What `run_demo` refuses before any traffic: feedback it cannot measure per version, and a loop that is
+not up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from online_rl.config import Settings
+from online_rl.demo import DemoError, DemoOptions, run_demo
+
+
+def test_pairwise_feedback_is_refused_with_the_reason() -> None:
+    with pytest.raises(DemoError, match=r"from thumbs or ratings, not 'pairwise'.*same version"):
+        DemoOptions(kind="pairwise")
+    assert DemoOptions(kind="rating").kind == "rating"
+
+
+def test_without_a_running_loop_the_demo_says_how_to_start_it(tmp_path: Path) -> None:
+    settings = Settings(launch={"run_dir": tmp_path / "run"})
+    with pytest.raises(DemoError, match=r"the loop is not up .*start it with `online-rl up`"):
+        run_demo(settings, tmp_path / "report", DemoOptions(), echo=lambda _: None)
+    assert not (tmp_path / "report").exists()
