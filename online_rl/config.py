@@ -245,7 +245,8 @@ class FeedbackApiConfig(BaseModel):
 
 
 class EdgeLimits(BaseModel):
-    """What an OpenAI-compatible service (inference, gateway) refuses at its edge (services/limits.py)."""
+    """What an OpenAI-compatible service (inference, gateway) refuses at its edge
+    (services/common/limits.py)."""
 
     max_body_bytes: int = Field(default=4_000_000, ge=1024,
                                 description="Largest request body (413 past it, refused before it is read).")

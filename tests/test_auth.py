@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from online_rl.errors import ConfigError
-from online_rl.ingest import ApiKeyStore, Forbidden, new_key
+from online_rl.ingest import ApiKeyStore, Forbidden, Unauthenticated, authorize, new_key
 
 
 @pytest.mark.parametrize("tail", ["inference,feedback user=alice", "inference,feedback,user=alice",
@@ -36,3 +36,17 @@ def test_an_unbound_key_speaks_for_whoever_its_backend_names() -> None:
     info = ApiKeyStore([digest]).verify(raw)
     assert info is not None and info.subject is None and info.user_for("bob") == "bob"
     assert info.user_for(None) is None and info.allows("feedback") and info.allows("tester")
+
+
+def test_a_service_that_takes_x_api_key_reads_it_only_without_a_bearer_token() -> None:
+    raw, digest = new_key()
+    keys = ApiKeyStore([f"{digest} feedback"])
+    bearer = authorize(keys, f"Bearer {raw}", "feedback")
+    assert authorize(keys, None, "feedback", api_key=raw).key_id == bearer.key_id
+    assert authorize(keys, "Basic xyz", "feedback", api_key=raw).scopes == {"feedback"}
+    with pytest.raises(Unauthenticated):
+        authorize(keys, "Bearer wrong", "feedback", api_key=raw)  # the bearer token decides
+    with pytest.raises(Unauthenticated):
+        authorize(keys, None, "feedback")  # a service that takes no X-API-Key passes none
+    with pytest.raises(Forbidden, match="lacks the 'inference' scope"):
+        authorize(keys, None, "inference", api_key=raw)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Literal
 
 import typer
 
-from online_rl.cli.health import announce_health
-from online_rl.config import load_settings
+from online_rl.config import Settings, load_settings
 from online_rl.errors import ConfigError
 from online_rl.ingest import check_subject, new_key
 
@@ -69,11 +68,7 @@ def serve_feedback(
     port: Annotated[int | None, typer.Option(help="Port (default: config).")] = None,
 ) -> None:
     """Serve the feedback REST API (POST /v1/feedback) until interrupted."""
-    from services.feedback.main import create_app
-
-    settings = load_settings(ctx.obj["config"])
-    api = settings.feedback_api
-    _run(create_app(settings), host or api.host, port or api.port, api.max_concurrency)
+    _serve("feedback", load_settings(ctx.obj["config"]), host, port)
 
 
 @serve_app.command("inference")
@@ -84,14 +79,11 @@ def serve_inference(
     engine: Annotated[str | None, typer.Option(help="auto, vllm or transformers (default: config).")] = None,
 ) -> None:
     """Serve the OpenAI-compatible inference API (POST /v1/chat/completions) until interrupted."""
-    from services.inference.main import create_app
-
     settings = load_settings(ctx.obj["config"])
     if engine is not None:
         settings = settings.model_copy(update={"inference": settings.inference.model_copy(
             update={"engine": engine})})
-    api = settings.inference
-    _run(create_app(settings), host or api.host, port or api.port, api.max_concurrency)
+    _serve("inference", settings, host, port)
 
 
 @serve_app.command("gateway")
@@ -101,15 +93,13 @@ def serve_gateway(
     port: Annotated[int | None, typer.Option(help="Port (default: config).")] = None,
 ) -> None:
     """Serve the canary gateway (OpenAI pass-through + rollout control, page at /rollout/ui)."""
-    from services.gateway.main import create_app
-
-    settings = load_settings(ctx.obj["config"])
-    api = settings.gateway
-    _run(create_app(settings), host or api.host, port or api.port, api.max_concurrency)
+    _serve("gateway", load_settings(ctx.obj["config"]), host, port)
 
 
-def _run(app: Any, host: str, port: int, max_concurrency: int) -> None:
-    from services.limits import serve
+def _serve(name: Literal["feedback", "inference", "gateway"], settings: Settings, host: str | None,
+           port: int | None) -> None:
+    # The library's one door into the apps (it never imports FastAPI): `services.common.serve`
+    # builds the app, announces its health URL and serves it, as `python -m services.<name>` does.
+    from services.common.serve import serve_named
 
-    announce_health(f"http://127.0.0.1:{port}/healthz")
-    serve(app, host, port, max_concurrency)
+    serve_named(name, settings, host, port)

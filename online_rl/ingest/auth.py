@@ -128,11 +128,13 @@ class Forbidden(OnlineRLError):
     """A known key without the scope the call needs (HTTP 403)."""
 
 
-def authorize(keys: ApiKeyStore, authorization: str | None, scope: str) -> KeyInfo:
-    """Check an `Authorization: Bearer <key>` header for `scope`. `admin` is never implied: a key
-    made without scopes may call everything but the admin routes."""
+def authorize(keys: ApiKeyStore, authorization: str | None, scope: str,
+              api_key: str | None = None) -> KeyInfo:
+    """Check an `Authorization: Bearer <key>` header (else `api_key`, an `X-API-Key` header where a
+    service takes one) for `scope`. `admin` is never implied: a key made without scopes may call
+    everything but the admin routes."""
     bearer = authorization and authorization.lower().startswith("bearer ")
-    raw = authorization[7:].strip() if bearer and authorization else None
+    raw = authorization[7:].strip() if bearer and authorization else api_key
     key = keys.verify(raw)
     if key is None:
         raise Unauthenticated("missing or unknown API key; send `Authorization: Bearer <key>` with a key "

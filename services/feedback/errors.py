@@ -1,36 +1,23 @@
-"""Errors as HTTP answers, in one place: every error body is `ErrorBody`."""
+"""The feedback API's errors in one place, in its wire format (`services.common.errors.feedback_body`):
+each exception the API answers, the `ApiError` it becomes, and the reason it is counted under in
+`orl_feedback_rejected_total`."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from online_rl.bus import BusError
-from online_rl.ingest import OverLimit, RateLimited
+from online_rl.ingest import Forbidden, OverLimit, RateLimited, Unauthenticated
+from services.common.errors import ApiError, feedback_body, field_of, install_errors, retry_after, unexpected
+from services.feedback.deps import WRITE_SCOPE
 
-__all__ = ["ApiError", "install_error_handlers"]
+__all__ = ["install_error_handlers"]
 
 logger = logging.getLogger(__name__)
-
-
-class ApiError(Exception):
-    """An error with its status code, type, message and how to fix it."""
-
-    def __init__(self, status: int, kind: str, message: str, fix: str = "",
-                 headers: dict[str, str] | None = None, field: str = "") -> None:
-        super().__init__(message)
-        self.status, self.kind, self.message, self.fix, self.headers = status, kind, message, fix, headers
-        self.field = field
-
-
-def _body(kind: str, message: str, details: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    return {"type": kind, "message": message, "details": details or []}
-
 
 _FIXES = {
     "missing": "add this field",
@@ -51,85 +38,95 @@ _FIXES = {
 }
 
 
+def _count(request: Request, reason: str) -> None:
+    request.app.state.service.metrics.rejected.labels(reason).inc()
+
+
 def _validation_details(exc: RequestValidationError) -> list[dict[str, str]]:
     details = []
     for error in exc.errors():
-        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
-        field = ".".join(loc) or "(body)"
         message = str(error.get("msg", "invalid"))
         fix = _FIXES.get(str(error.get("type", "")), "see the message")
         if fix == "see the message" and message.startswith("Value error, "):
             message = message.removeprefix("Value error, ")
             fix = message
-        details.append({"field": field, "message": message, "fix": fix})
+        details.append({"field": field_of(error), "message": message, "fix": fix})
     return details
 
 
+def _invalid(request: Request, exc: Exception) -> ApiError:
+    """422 with a detail per field; the message names the first."""
+    assert isinstance(exc, RequestValidationError)
+    details = _validation_details(exc)
+    _count(request, "invalid")
+    first = details[0] if details else {"field": "(body)", "message": "invalid"}
+    return ApiError(422, "validation_error", f"{first['field']}: {first['message']}", details=details)
+
+
+def _refused(request: Request, exc: Exception) -> ApiError:
+    assert isinstance(exc, ApiError)
+    if exc.status == 422:
+        _count(request, "invalid")
+    return exc
+
+
+def _unauthenticated(request: Request, exc: Exception) -> ApiError:
+    _count(request, "unauthenticated")
+    return ApiError(401, "unauthenticated", "missing or unknown API key",
+                    fix="send `Authorization: Bearer <key>` with a key made by `online-rl keys new`")
+
+
+def _forbidden(request: Request, exc: Exception) -> ApiError:
+    """A key without the API's one scope (a key bound to another user is refused in the route, with
+    the field that names the user)."""
+    _count(request, "forbidden")
+    return ApiError(403, "forbidden", f"this API key lacks the '{WRITE_SCOPE}' scope",
+                    fix=f"use a key whose entry lists '{WRITE_SCOPE}' (or no scopes)")
+
+
+def _rate_limited(request: Request, exc: Exception) -> ApiError:
+    assert isinstance(exc, RateLimited)
+    _count(request, "rate_limited")
+    retry = retry_after(exc)
+    return ApiError(429, "rate_limited", str(exc), fix=f"retry after {retry}s or send fewer events",
+                    headers={"Retry-After": str(retry)})
+
+
+def _bus_unavailable(request: Request, exc: Exception) -> ApiError:
+    service = request.app.state.service
+    _count(request, "bus_unavailable")
+    retry = str(service.settings.feedback_api.retry_after_s)
+    return ApiError(503, "bus_unavailable", f"the event bus did not confirm the write ({exc})",
+                    fix=f"retry after {retry}s with the same event ids (a repeat is counted once)",
+                    headers={"Retry-After": retry})
+
+
+def _over_limit(request: Request, exc: Exception) -> ApiError:
+    _count(request, "over_limit")
+    return ApiError(422, "validation_error", str(exc), field="events",
+                    fix="split the events over several requests")
+
+
+def _http(request: Request, exc: Exception) -> ApiError:
+    """Starlette's own answers (400 for a body that is no UTF-8, 404, 405, 413), with their headers."""
+    assert isinstance(exc, StarletteHTTPException)
+    kind, fix = "http_error", "see the API reference at /docs"
+    if exc.status_code == 400:
+        fix = "send a UTF-8 JSON body"
+    elif exc.status_code == 413:
+        kind, fix = "payload_too_large", "send fewer events per request"
+    return ApiError(exc.status_code, kind, str(exc.detail), field="(body)", fix=fix, headers=exc.headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        details = _validation_details(exc)
-        request.app.state.service.metrics.rejected.labels("invalid").inc()
-        first = details[0] if details else {"field": "(body)", "message": "invalid"}
-        return JSONResponse(
-            status_code=422,
-            content=_body("validation_error", f"{first['field']}: {first['message']}", details),
-        )
-
-    async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, ApiError)
-        details = [{"field": exc.field, "message": exc.message, "fix": exc.fix}] if exc.fix else []
-        if exc.status == 422:
-            request.app.state.service.metrics.rejected.labels("invalid").inc()
-        return JSONResponse(status_code=exc.status, content=_body(exc.kind, exc.message, details),
-                            headers=exc.headers)
-
-    async def on_rate_limited(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RateLimited)
-        request.app.state.service.metrics.rejected.labels("rate_limited").inc()
-        retry = max(1, round(exc.retry_after + 0.5))
-        return JSONResponse(status_code=429, headers={"Retry-After": str(retry)},
-                            content=_body("rate_limited", str(exc),
-                                          [{"field": "", "message": str(exc),
-                                            "fix": f"retry after {retry}s or send fewer events"}]))
-
-    async def on_bus_error(request: Request, exc: Exception) -> JSONResponse:
-        service = request.app.state.service
-        service.metrics.rejected.labels("bus_unavailable").inc()
-        retry = str(service.settings.feedback_api.retry_after_s)
-        message = f"the event bus did not confirm the write ({exc})"
-        return JSONResponse(status_code=503, headers={"Retry-After": retry},
-                            content=_body("bus_unavailable", message, [{
-                                "field": "", "message": message,
-                                "fix": f"retry after {retry}s with the same event ids "
-                                       "(a repeat is counted once)"}]))
-
-    async def on_over_limit(request: Request, exc: Exception) -> JSONResponse:
-        request.app.state.service.metrics.rejected.labels("over_limit").inc()
-        return JSONResponse(status_code=422, content=_body("validation_error", str(exc), [
-            {"field": "events", "message": str(exc), "fix": "split the events over several requests"}]))
-
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unexpected error on %s", request.url.path)
-        return JSONResponse(status_code=500,
-                            content=_body("internal_error", "unexpected error; see the logs"))
-
-    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        message = str(exc.detail)
-        kind, fix = "http_error", "see the API reference at /docs"
-        if exc.status_code == 400:
-            fix = "send a UTF-8 JSON body"
-        elif exc.status_code == 413:
-            kind, fix = "payload_too_large", "send fewer events per request"
-        return JSONResponse(status_code=exc.status_code, headers=exc.headers,
-                            content=_body(kind, message,
-                                          [{"field": "(body)", "message": message, "fix": fix}]))
-
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(ApiError, on_api_error)
-    app.add_exception_handler(RateLimited, on_rate_limited)
-    app.add_exception_handler(BusError, on_bus_error)
-    app.add_exception_handler(OverLimit, on_over_limit)
-    app.add_exception_handler(Exception, on_unexpected)
+    install_errors(app, feedback_body, {
+        ApiError: _refused,
+        RequestValidationError: _invalid,
+        StarletteHTTPException: _http,
+        Unauthenticated: _unauthenticated,
+        Forbidden: _forbidden,
+        RateLimited: _rate_limited,
+        BusError: _bus_unavailable,
+        OverLimit: _over_limit,
+        Exception: unexpected(logger, "internal_error", "unexpected error; see the logs"),
+    })

@@ -1,17 +1,9 @@
-"""`python -m services.gateway`: serve the gateway with uvicorn on the configured address."""
+"""`python -m services.gateway`: what `online-rl serve gateway` does (settings from $ORL_CONFIG)."""
 
 from __future__ import annotations
 
-from online_rl.config import load_settings
+from services.common.serve import serve
 from services.gateway.main import create_app
-from services.limits import serve
-
-
-def main() -> None:
-    settings = load_settings()
-    api = settings.gateway
-    serve(create_app(settings), api.host, api.port, api.max_concurrency)
-
 
 if __name__ == "__main__":
-    main()
+    serve(create_app, "gateway")

@@ -1,40 +1,28 @@
-"""The gateway's errors in one place, as OpenAI-style answers (`services/openai_errors`): auth,
-rollout conflicts and replicas away mapped to status codes."""
+"""The gateway's errors in one place, as OpenAI-style answers (`services.common.errors`): what the
+OpenAI-compatible apps map alike, rollout conflicts and replicas away."""
 
 from __future__ import annotations
 
 import logging
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
-from online_rl.ingest import Forbidden, Unauthenticated
 from online_rl.rollout import RolloutConflict
 from online_rl.rollout.replicas import ReplicaUnavailable
-from services.openai_errors import ApiError, answer, install_openai_handlers
+from services.common.errors import ApiError, install_errors, openai_body, openai_errors
 
-__all__ = ["ApiError", "install_error_handlers"]
+__all__ = ["install_error_handlers"]
 
 logger = logging.getLogger(__name__)
 
 
+def _no_replica(request: Request, exc: Exception) -> ApiError:
+    logger.error("no replica for %s: %s", request.url.path, exc)
+    return ApiError(503, "service_unavailable", str(exc), headers={"Retry-After": "1"})
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    install_openai_handlers(app, logger)
-
-    async def on_unauthenticated(request: Request, exc: Exception) -> JSONResponse:
-        return answer(401, str(exc), "authentication_error", code="invalid_api_key")
-
-    async def on_forbidden(request: Request, exc: Exception) -> JSONResponse:
-        return answer(403, str(exc), "permission_error", code="insufficient_scope")
-
-    async def on_conflict(request: Request, exc: Exception) -> JSONResponse:
-        return answer(409, str(exc), "conflict")
-
-    async def on_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("no replica for %s: %s", request.url.path, exc)
-        return answer(503, str(exc), "service_unavailable", headers={"Retry-After": "1"})
-
-    app.add_exception_handler(Unauthenticated, on_unauthenticated)
-    app.add_exception_handler(Forbidden, on_forbidden)
-    app.add_exception_handler(RolloutConflict, on_conflict)
-    app.add_exception_handler(ReplicaUnavailable, on_unavailable)
+    install_errors(app, openai_body, openai_errors(logger) | {
+        RolloutConflict: lambda request, exc: ApiError(409, "conflict", str(exc)),
+        ReplicaUnavailable: _no_replica,
+    })

@@ -13,19 +13,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from online_rl import __version__
 from online_rl.bus import Bus, ensure_topics, open_bus
 from online_rl.config import Settings
 from online_rl.errors import ConfigError
-from online_rl.ingest import ApiKeyStore
 from online_rl.rollout.loop import Gate, RolloutLoop
 from online_rl.rollout.replicas import ReplicaPool
 from online_rl.rollout.scoring import LogprobScorer
 from online_rl.tracking import mlflow_client
+from services.common.app import edge_app
+from services.common.serve import require_api_keys
 from services.gateway.errors import install_error_handlers
 from services.gateway.routes import health, page, proxy, rollout
 from services.gateway.service import GatewayService
-from services.limits import BodyLimit
 
 __all__ = ["create_app"]
 
@@ -34,10 +33,8 @@ def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = N
     """The gateway over `settings.gateway.replicas`, reading joined samples from `bus` (default: the
     configured bus) and running the rollout controller against the configured MLflow store; `gate`
     (default: the local scorer when gateway.rollout.offpolicy_gate is on) judges before exposure."""
+    require_api_keys(settings, "gateway")
     api = settings.gateway
-    if len(ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)) == 0:
-        raise ConfigError("gateway.api_keys is empty, so every request would be refused; create a key with "
-                          "`online-rl keys new` and set its hash in gateway.api_keys (or api_keys_file)")
     if api.upstream_api_key is None:
         raise ConfigError("gateway.upstream_api_key is empty: set the raw key (scopes inference,admin) the "
                           "gateway presents to the replicas, e.g. ORL_GATEWAY__UPSTREAM_API_KEY")
@@ -70,17 +67,11 @@ def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = N
         if own_bus:
             service_bus.close()
 
-    app = FastAPI(
-        title="online-rl gateway",
-        version=__version__,
-        description="The canary gateway: OpenAI-compatible completions routed to the champion or the "
-        "challenger version (sticky per user), and the rollout control API. Authenticate with "
+    return edge_app(
+        "online-rl gateway",
+        "The canary gateway: OpenAI-compatible completions routed to the champion or the challenger "
+        "version (sticky per user), and the rollout control API. Authenticate with "
         "`Authorization: Bearer <API key>` (scope `inference`; `admin` for /rollout).",
-        lifespan=lifespan,
+        lifespan, service, install_error_handlers, [m.router for m in (proxy, rollout, page, health)],
+        api.max_body_bytes,
     )
-    app.state.service = service
-    install_error_handlers(app)
-    for module in (proxy, rollout, page, health):
-        app.include_router(module.router)
-    app.add_middleware(BodyLimit, limit=settings.gateway.max_body_bytes)
-    return app

@@ -1,12 +1,11 @@
-"""The inference service's errors in one place, as OpenAI-style answers (`services/openai_errors`):
-its library's exceptions mapped to status codes."""
+"""The inference service's errors in one place, as OpenAI-style answers (`services.common.errors`):
+what the OpenAI-compatible apps map alike, and its library's exceptions mapped to status codes."""
 
 from __future__ import annotations
 
 import logging
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from online_rl.registry import AdapterRejected
 from online_rl.serving import (
@@ -17,40 +16,36 @@ from online_rl.serving import (
     UnknownModel,
     VersionConflict,
 )
-from services.openai_errors import ApiError, answer, error_body, install_openai_handlers
+from services.common.errors import ApiError, install_errors, openai_body, openai_errors
 
-__all__ = ["ApiError", "error_body", "install_error_handlers"]
+__all__ = ["install_error_handlers"]
 
 logger = logging.getLogger(__name__)
 
 
+def _too_long(request: Request, exc: Exception) -> ApiError:
+    assert isinstance(exc, PromptTooLong)
+    return ApiError(400, "invalid_request_error", str(exc), field=exc.field, code="context_length_exceeded")
+
+
+def _rejected(request: Request, exc: Exception) -> ApiError:
+    return ApiError(422, "adapter_rejected", str(exc), field="source")
+
+
+def _engine_failed(request: Request, exc: Exception) -> ApiError:
+    logger.error("engine error on %s: %s", request.url.path, exc)
+    return ApiError(503, "engine_error", f"generation failed: {exc}; retry")
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    install_openai_handlers(app, logger)
-
-    async def on_unknown_model(request: Request, exc: Exception) -> JSONResponse:
-        return answer(404, str(exc), "invalid_request_error", "model", "model_not_found")
-
-    async def on_too_long(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, PromptTooLong)
-        return answer(400, str(exc), "invalid_request_error", exc.field, "context_length_exceeded")
-
-    async def on_rejected(request: Request, exc: Exception) -> JSONResponse:
-        return answer(422, str(exc), "adapter_rejected", "source")
-
-    async def on_fetch_failed(request: Request, exc: Exception) -> JSONResponse:
-        return answer(503, str(exc), "adapter_unavailable", "source", headers={"Retry-After": "5"})
-
-    async def on_conflict(request: Request, exc: Exception) -> JSONResponse:
-        return answer(409, str(exc), "conflict")
-
-    async def on_engine(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("engine error on %s: %s", request.url.path, exc)
-        return answer(503, f"generation failed: {exc}; retry", "engine_error")
-
-    app.add_exception_handler(UnknownModel, on_unknown_model)
-    app.add_exception_handler(PromptTooLong, on_too_long)
-    app.add_exception_handler(AdapterRejected, on_rejected)
-    app.add_exception_handler(AdapterLoadError, on_rejected)
-    app.add_exception_handler(AdapterUnavailable, on_fetch_failed)
-    app.add_exception_handler(VersionConflict, on_conflict)
-    app.add_exception_handler(EngineError, on_engine)
+    install_errors(app, openai_body, openai_errors(logger) | {
+        UnknownModel: lambda request, exc: ApiError(404, "invalid_request_error", str(exc), field="model",
+                                                    code="model_not_found"),
+        PromptTooLong: _too_long,
+        AdapterRejected: _rejected,
+        AdapterLoadError: _rejected,
+        AdapterUnavailable: lambda request, exc: ApiError(503, "adapter_unavailable", str(exc),
+                                                          field="source", headers={"Retry-After": "5"}),
+        VersionConflict: lambda request, exc: ApiError(409, "conflict", str(exc)),
+        EngineError: _engine_failed,
+    })

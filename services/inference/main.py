@@ -12,16 +12,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from online_rl import __version__
 from online_rl.bus import Bus, ensure_topics, open_bus
 from online_rl.config import Settings
-from online_rl.errors import ConfigError
 from online_rl.serving import AdapterManager, Engine, InferenceCore, InteractionLogger, build_engine
 from online_rl.tracking import registry_artifact_roots
+from services.common.app import edge_app
+from services.common.serve import require_api_keys
 from services.inference.errors import install_error_handlers
 from services.inference.routes import admin, completions, health, models
 from services.inference.service import InferenceService
-from services.limits import BodyLimit
 
 __all__ = ["create_app"]
 
@@ -30,14 +29,8 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
                close_engine: bool = True) -> FastAPI:
     """The inference API over `engine` (default: built from the config) logging to `bus`
     (default: the configured bus)."""
-    from online_rl.ingest import ApiKeyStore
-
+    require_api_keys(settings, "inference")
     api = settings.inference
-    if len(ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)) == 0:
-        raise ConfigError(
-            "inference.api_keys is empty, so every request would be refused; create a key with "
-            "`online-rl keys new` and set its hash in inference.api_keys (or api_keys_file)"
-        )
     own_bus = bus is None
     service_bus = bus or open_bus(settings)
     topics = settings.topics
@@ -63,17 +56,11 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
         if own_bus:
             service_bus.close()
 
-    app = FastAPI(
-        title="online-rl inference API",
-        version=__version__,
-        description="OpenAI-compatible completions from the base model or a LoRA adapter version. "
+    return edge_app(
+        "online-rl inference API",
+        "OpenAI-compatible completions from the base model or a LoRA adapter version. "
         "Every answer carries a `request_id`: post feedback on it to the feedback API. "
         "Authenticate with `Authorization: Bearer <API key>` (scope `inference`; `admin` for /admin).",
-        lifespan=lifespan,
+        lifespan, service, install_error_handlers, [m.router for m in (completions, models, admin, health)],
+        api.max_body_bytes,
     )
-    app.state.service = service
-    install_error_handlers(app)
-    for module in (completions, models, admin, health):
-        app.include_router(module.router)
-    app.add_middleware(BodyLimit, limit=settings.inference.max_body_bytes)
-    return app

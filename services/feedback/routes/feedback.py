@@ -10,8 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from online_rl.ingest import Forbidden, KeyInfo
-from services.feedback.deps import IngestDep, WriterKeyDep, authenticate
-from services.feedback.errors import ApiError
+from services.common.errors import ApiError
+from services.feedback.deps import IngestDep, WriterKeyDep, require_writer
 from services.feedback.schemas import Accepted, BatchAccepted, ErrorBody, FeedbackBatchIn, FeedbackIn
 from services.feedback.service import FeedbackService
 
@@ -42,7 +42,8 @@ async def post_feedback(request: Request) -> Response:
     # The hot path, written out by hand: FastAPI's body and dependency machinery cost about 0.2 ms
     # per request here, ten times the validation itself. Same checks, same errors.
     service: FeedbackService = request.app.state.service
-    key = authenticate(service, request.headers.get("authorization"), request.headers.get("x-api-key"))
+    headers = request.headers
+    key = await require_writer(request, headers.get("authorization"), headers.get("x-api-key"))
     start = time.perf_counter()
     try:
         event = FeedbackIn.model_validate_json(await request.body())

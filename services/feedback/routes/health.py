@@ -1,27 +1,17 @@
-"""GET /healthz, /readyz, /metrics."""
+"""GET /healthz, /readyz, /metrics (`services.common.health`); ready here means the bus takes writes."""
 
 from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.common.health import health_router
 from services.feedback.deps import IngestDep
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["operations"])
 
-
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    """The process is alive."""
-    return {"status": "ok"}
-
-
-@router.get("/readyz", responses={503: {"description": "The bus does not accept writes."}})
 async def readyz(service: IngestDep) -> JSONResponse:
     """Ready while the bus answers and no write failed in the last `write_timeout_s` seconds (a failed
     write makes the pod unready for that long, then the bus's answer decides: with no traffic at all, a
@@ -39,7 +29,4 @@ async def readyz(service: IngestDep) -> JSONResponse:
     return JSONResponse(content={"status": "ready"})
 
 
-@router.get("/metrics")
-async def metrics(service: IngestDep) -> Response:
-    """Prometheus metrics."""
-    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+router = health_router(readyz, responses={503: {"description": "The bus does not accept writes."}})

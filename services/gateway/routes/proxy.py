@@ -21,8 +21,8 @@ from fastapi.responses import StreamingResponse
 from online_rl.ingest import Forbidden, KeyInfo
 from online_rl.rollout import Route
 from online_rl.rollout.replicas import ReplicaUnavailable
+from services.common.errors import ApiError
 from services.gateway.deps import CallerDep, ServiceDep
-from services.gateway.errors import ApiError
 from services.gateway.service import GatewayService
 
 __all__ = ["router"]
@@ -75,20 +75,20 @@ def _route(service: GatewayService, body: dict[str, Any], caller: KeyInfo, overr
     if override and not caller.allows("tester"):
         raise ApiError(403, "permission_error", "X-ORL-Version needs a key with the 'tester' scope "
                        "(forcing a version is for testing; real users follow the rollout)",
-                       param="X-ORL-Version", code="insufficient_scope")
+                       field="X-ORL-Version", code="insufficient_scope")
     named = body.get("user") or header_user
     if named is not None and (not isinstance(named, str) or len(named) > 256):
         raise ApiError(400, "invalid_request_error", "user must be a string of at most 256 characters "
-                       "(the id the traffic split is sticky on)", param="user")
+                       "(the id the traffic split is sticky on)", field="user")
     try:  # a key bound to one user is served as that user: it cannot pick another's arm
         user = caller.user_for(named) or f"key-{caller.key_id}"
     except Forbidden as exc:
         raise ApiError(403, "permission_error", f"{exc}; leave `user` out (the key's own user is "
-                       "used) or send that user's key", param="user", code="user_mismatch") from exc
+                       "used) or send that user's key", field="user", code="user_mismatch") from exc
     try:
         return service.loop.route(user, override), user
     except ValueError as exc:
-        raise ApiError(400, "invalid_request_error", str(exc), param="X-ORL-Version") from exc
+        raise ApiError(400, "invalid_request_error", str(exc), field="X-ORL-Version") from exc
 
 
 async def _relay(service: GatewayService, request: Request, path: str, caller: KeyInfo,

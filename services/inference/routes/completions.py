@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from online_rl.events import SamplingParams
 from online_rl.ingest import Forbidden, KeyInfo
 from online_rl.serving import Chunk, EngineError, Prepared, UnknownModel
+from services.common.errors import ApiError, openai_body
 from services.inference.deps import CallerDep, ServiceDep
-from services.inference.errors import ApiError, error_body
 from services.inference.schemas import ChatRequest, CompletionRequest, usage
 from services.inference.service import InferenceService
 
@@ -43,7 +43,7 @@ def _prepare(service: InferenceService, body: ChatRequest | CompletionRequest, c
         user = caller.user_for(body.user) or _ANONYMOUS
     except Forbidden as exc:
         raise ApiError(403, "permission_error", f"{exc}; leave `user` out (the key's own user is "
-                       "used) or send that user's key", param="user", code="user_mismatch") from exc
+                       "used) or send that user's key", field="user", code="user_mismatch") from exc
     common: dict[str, Any] = {"model": body.model, "sampling": sampling, "user_id": user,
                               "session_id": session, "max_tokens_unset": max_tokens is None}
     if isinstance(body, ChatRequest):
@@ -145,7 +145,8 @@ def _stream(service: InferenceService, prep: Prepared, chat: bool, include_usage
                 error_kind = "invalid_request_error"
             else:
                 logger.warning("stream %s failed: %s", prep.request_id, exc)
-            yield event(error_body(f"generation failed: {exc}", error_kind))
+            # The 200 went with the headers: only the body says what failed.
+            yield event(openai_body(ApiError(500, error_kind, f"generation failed: {exc}")))
             yield b"data: [DONE]\n\n"
             return
         _observe(service, served, started, first, last.completion_tokens)

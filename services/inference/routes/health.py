@@ -1,25 +1,15 @@
-"""GET /healthz, /readyz, /metrics."""
+"""GET /healthz, /readyz, /metrics (`services.common.health`); ready here means the engine is up."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.common.health import health_router
 from services.inference.deps import ServiceDep
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["operations"])
 
-
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    """The process is alive."""
-    return {"status": "ok"}
-
-
-@router.get("/readyz")
 async def readyz(service: ServiceDep) -> JSONResponse:
     """Ready when the engine is up. A bus outage does not make the service unready (answers keep
     flowing and interactions are buffered); it is reported here and in /metrics."""
@@ -31,7 +21,4 @@ async def readyz(service: ServiceDep) -> JSONResponse:
     return JSONResponse(body)
 
 
-@router.get("/metrics")
-async def metrics(service: ServiceDep) -> Response:
-    """Prometheus metrics."""
-    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+router = health_router(readyz)

@@ -1,11 +1,9 @@
-"""What every service's edge refuses before any handler runs: bodies over a size, and how it is served.
+"""What every service's edge refuses before any handler runs: bodies over a size.
 
 `BodyLimit` answers 413 to a body over `limit` bytes, whether its Content-Length announces it (refused
 before a byte is read) or it streams in chunks (refused once the count passes the limit, so memory
 never holds more than the limit); either way the 413 closes the connection, so the rest of the body is
-never read. `serve` runs an app under uvicorn with a cap on concurrent
-connections and tasks (503 past it) and a keep-alive timeout, so idle or slow clients cannot hold
-every worker.
+never read. What the server itself caps (connections, tasks, idle keep-alive) is set in `serve`.
 """
 
 from __future__ import annotations
@@ -17,13 +15,15 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-__all__ = ["BodyLimit", "openai_too_large", "serve"]
+from services.common.errors import ApiError, openai_body
+
+__all__ = ["BodyLimit", "openai_too_large"]
 
 
 def openai_too_large(limit: int) -> dict[str, Any]:
     """The OpenAI-style body of a 413."""
-    return {"error": {"message": f"the request body is larger than {limit} bytes",
-                      "type": "invalid_request_error", "param": None, "code": "request_too_large"}}
+    message = f"the request body is larger than {limit} bytes"
+    return openai_body(ApiError(413, "invalid_request_error", message, code="request_too_large"))
 
 
 class _TooLarge(Exception):
@@ -75,11 +75,3 @@ class BodyLimit:
                                 (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
 
-
-def serve(app: Any, host: str, port: int, max_concurrency: int) -> None:
-    """Serve `app` until stopped: at most `max_concurrency` connections and tasks at once (uvicorn
-    answers 503 past it), idle keep-alive connections closed after 5 s."""
-    import uvicorn
-
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
-                limit_concurrency=max_concurrency, timeout_keep_alive=5)
