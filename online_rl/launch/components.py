@@ -17,6 +17,7 @@ from pathlib import Path
 
 from online_rl.config import Settings
 from online_rl.launch.mlflow_auth import component_credentials, read_registry_auth, server_env
+from online_rl.registry.access import RegistryAuth
 
 __all__ = ["KAFKA_SCRIPT", "SIGNING_KEY", "Component", "Wiring", "bus_kind", "plan", "threads"]
 
@@ -88,19 +89,14 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "online_rl.cli", *args]
 
 
-def plan(
-    settings: Settings, config_file: Path | None, keys_file: Path, upstream_key: str
-) -> tuple[Wiring, list[Component]]:
-    """The wiring and the components, in start order (`down` stops them in reverse)."""
+def _wiring(settings: Settings, config_file: Path | None, keys_file: Path, upstream_key: str) -> Wiring:
+    """The URLs and the environment every component shares (the bus, MLflow, API keys, run folders)."""
     launch, run = settings.launch, settings.run_dir
     bus, start_broker = bus_kind(settings)
     local = f"127.0.0.1:{launch.kafka_port}" if bus == "kafka" else None
     bootstrap = settings.kafka.bootstrap_servers or local
     mlflow_url = f"http://127.0.0.1:{launch.mlflow_port}"
     inference_url = f"http://127.0.0.1:{settings.inference.port}"
-    feedback_url = f"http://127.0.0.1:{settings.feedback_api.port}"
-    gateway_url = f"http://127.0.0.1:{settings.gateway.port}"
-    metrics_url = f"http://127.0.0.1:{launch.trainer_metrics_port}"
     env = {
         "PYTHONUNBUFFERED": "1",
         "ORL_MLFLOW__TRACKING_URI": mlflow_url,
@@ -119,63 +115,78 @@ def plan(
         env["ORL_KAFKA__BOOTSTRAP_SERVERS"] = bootstrap
     else:
         env["ORL_BUS__EMBEDDED_PATH"] = str(run / "bus" / "bus.db")
-    inference_threads, trainer_threads = threads(settings)
-    registry = read_registry_auth(run)  # each component that talks to MLflow signs in as its own user
-    inference_env = {"OMP_NUM_THREADS": str(inference_threads),
-                     **component_credentials(registry, "inference")}
-    gateway_env = component_credentials(registry, "gateway")
-    signing, public = run / SIGNING_KEY, run / SIGNING_KEY.replace(".pem", ".pub")
-    if public.is_file() and not settings.mlflow.signing_key_file and not settings.mlflow.trusted_signers:
-        # the run's own signing key (`up` makes it): serving loads only versions this trainer signed
-        inference_env["ORL_MLFLOW__TRUSTED_SIGNERS"] = json.dumps([public.read_text().strip()])
-    env["OMP_NUM_THREADS"] = "1"  # the light components; the two heavy ones get theirs below
-    trainer_env = {"OMP_NUM_THREADS": str(max(1, int(trainer_threads))),
-                   "ORL_TRAINER__CPUS_PER_WORKER": str(trainer_threads),
-                   **component_credentials(registry, "trainer")}
-    if not settings.ray.address:  # the trainer's local Ray runtime must hold every worker's CPUs
-        needed = math.ceil(trainer_threads * settings.trainer.workers)
-        trainer_env["ORL_RAY__NUM_CPUS"] = str(max(settings.ray.num_cpus, needed))
-    if "ORL_MLFLOW__TRUSTED_SIGNERS" in inference_env:
-        trainer_env["ORL_MLFLOW__SIGNING_KEY_FILE"] = str(signing)
-    wiring = Wiring(
+    env["OMP_NUM_THREADS"] = "1"  # the light components; the two heavy ones get their own (see plan)
+    return Wiring(
         run,
         bus,
         bootstrap,
         start_broker,
         mlflow_url,
         inference_url,
-        feedback_url,
-        gateway_url,
-        metrics_url,
-        env,
+        feedback_url=f"http://127.0.0.1:{settings.feedback_api.port}",
+        gateway_url=f"http://127.0.0.1:{settings.gateway.port}",
+        trainer_metrics_url=f"http://127.0.0.1:{launch.trainer_metrics_port}",
+        env=env,
     )
-    mlflow_dir = run / "mlflow"
+
+
+def _inference_env(settings: Settings, registry: RegistryAuth | None, cpu_threads: int) -> dict[str, str]:
+    """The replica's threads and MLflow user, and whose signatures it trusts."""
+    env = {"OMP_NUM_THREADS": str(cpu_threads), **component_credentials(registry, "inference")}
+    public = settings.run_dir / SIGNING_KEY.replace(".pem", ".pub")
+    if public.is_file() and not settings.mlflow.signing_key_file and not settings.mlflow.trusted_signers:
+        # the run's own signing key (`up` makes it): serving loads only versions this trainer signed
+        env["ORL_MLFLOW__TRUSTED_SIGNERS"] = json.dumps([public.read_text().strip()])
+    return env
+
+
+def _trainer_env(
+    settings: Settings, registry: RegistryAuth | None, trainer_threads: float, signs: bool
+) -> dict[str, str]:
+    """The trainer's CPUs (and its local Ray runtime's), its MLflow user and, when serving checks
+    signatures (`signs`), the run's signing key."""
+    env = {"OMP_NUM_THREADS": str(max(1, int(trainer_threads))),
+           "ORL_TRAINER__CPUS_PER_WORKER": str(trainer_threads),
+           **component_credentials(registry, "trainer")}
+    if not settings.ray.address:  # the trainer's local Ray runtime must hold every worker's CPUs
+        needed = math.ceil(trainer_threads * settings.trainer.workers)
+        env["ORL_RAY__NUM_CPUS"] = str(max(settings.ray.num_cpus, needed))
+    if signs:
+        env["ORL_MLFLOW__SIGNING_KEY_FILE"] = str(settings.run_dir / SIGNING_KEY)
+    return env
+
+
+def _mlflow_server(settings: Settings, wiring: Wiring, registry: RegistryAuth | None) -> Component:
+    """MLflow's tracking server with its basic-auth app, its store in the run folder."""
+    port, mlflow_dir = settings.launch.mlflow_port, wiring.run_dir / "mlflow"
+    argv = [
+        sys.executable, "-m", "mlflow", "server",
+        "--app-name", "basic-auth",  # every request signs in; each component's user may do only its part
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{mlflow_dir / 'mlflow.db'}",
+        "--artifacts-destination", str(mlflow_dir / "artifacts"),
+    ]
+    return Component("mlflow", argv, {port: "launch.mlflow_port"}, f"{wiring.mlflow_url}/health",
+                     wiring.mlflow_url, server_env(wiring.run_dir, registry))
+
+
+def plan(
+    settings: Settings, config_file: Path | None, keys_file: Path, upstream_key: str
+) -> tuple[Wiring, list[Component]]:
+    """The wiring and the components, in start order (`down` stops them in reverse)."""
+    launch = settings.launch
+    wiring = _wiring(settings, config_file, keys_file, upstream_key)
+    inference_threads, trainer_threads = threads(settings)
+    # each component that talks to MLflow signs in as its own user
+    registry = read_registry_auth(wiring.run_dir)
+    inference_env = _inference_env(settings, registry, inference_threads)
+    signs = "ORL_MLFLOW__TRUSTED_SIGNERS" in inference_env
+    inference_url, feedback_url = wiring.inference_url, wiring.feedback_url
+    gateway_url, metrics_url = wiring.gateway_url, wiring.trainer_metrics_url
     components = [
-        Component(
-            "mlflow",
-            [
-                sys.executable,
-                "-m",
-                "mlflow",
-                "server",
-                "--app-name",
-                "basic-auth",  # every request signs in; each component's user may do only its part
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(launch.mlflow_port),
-                "--workers",
-                "1",
-                "--backend-store-uri",
-                f"sqlite:///{mlflow_dir / 'mlflow.db'}",
-                "--artifacts-destination",
-                str(mlflow_dir / "artifacts"),
-            ],
-            {launch.mlflow_port: "launch.mlflow_port"},
-            f"{mlflow_url}/health",
-            mlflow_url,
-            server_env(run, registry),
-        ),
+        _mlflow_server(settings, wiring, registry),
         Component(
             "inference",
             _cli("serve", "inference"),
@@ -198,7 +209,7 @@ def plan(
             {launch.trainer_metrics_port: "launch.trainer_metrics_port"},
             f"{metrics_url}/metrics",
             f"{metrics_url}/metrics",
-            trainer_env,
+            _trainer_env(settings, registry, trainer_threads, signs),
         ),
         Component(
             "gateway",
@@ -206,7 +217,7 @@ def plan(
             {settings.gateway.port: "gateway.port"},
             f"{gateway_url}/readyz",
             f"{gateway_url}/rollout/ui",
-            gateway_env,
+            component_credentials(registry, "gateway"),
         ),
     ]
     return wiring, components

@@ -31,13 +31,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from online_rl.config import Settings
 from online_rl.errors import OnlineRLError
 from online_rl.events import Feedback, Interaction, Message, SamplingParams, encode
 from online_rl.simulate.population import FeedbackKind, Population
 from online_rl.simulate.suite import SUITE, SuiteEntry
+
+if TYPE_CHECKING:
+    from online_rl.bus.topics import Topics
 
 __all__ = ["Evaluation", "Lab", "LearnConfig", "LearnRun", "LearningError", "measure_base_rates",
            "other_answer"]
@@ -137,6 +140,58 @@ def _seed(*parts: object) -> int:
 
     digest = hashlib.blake2b("\x00".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
+
+
+@dataclass
+class _Workers:
+    """A run's joiner and trainer, each in a thread of its own; either failing stops both (`failures`
+    says why)."""
+
+    joiner: Any
+    trainer: Any
+    stop: threading.Event = field(default_factory=threading.Event)
+    failures: list[BaseException] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.threads = [
+            threading.Thread(target=self._guarded(lambda: self.joiner.run(self.stop.is_set)), daemon=True),
+            threading.Thread(target=self._guarded(lambda: self.trainer.run(stop=self.stop)), daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _guarded(self, target: Callable[[], object]) -> Callable[[], None]:
+        def body() -> None:
+            try:
+                target()
+            except BaseException as exc:  # reported by the round loop (`Lab.learn`)
+                self.failures.append(exc)
+                self.stop.set()
+
+        return body
+
+    def stop_and_join(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(120)
+        self.joiner.close()
+
+
+@dataclass
+class _RunState:
+    """What the rounds of one run carry from one to the next."""
+
+    tag: str  # names the run's topics, groups, checkpoints, registered model and adapters
+    settings: Settings
+    topics: Topics
+    rng: random.Random
+    producer: Any
+    run: LearnRun
+    adapter: str | None = None  # the engine name of the version answering users
+    behaviour: str | None = None  # its serving name, recorded on each interaction
+    liked: float = 0.0  # the reward sum of the feedback sent
+    sample_ends: dict[Any, int] = field(default_factory=dict)  # offset after each partition's last sample
 
 
 class Lab:
@@ -247,15 +302,52 @@ class Lab:
         """Users with `entry`'s taste teach a fresh adapter (at `learning_rate`, default the trainer's);
         returns each published version's evaluation. The final version stays loaded in the engine
         (`LearnRun.final_adapter`) until `unload`."""
-        from online_rl.bus.topics import ensure_topics
         from online_rl.ray_runtime import init_ray
-        from online_rl.registry import download_version
-        from online_rl.stream import JoinConfig, Joiner
-        from online_rl.trainer import Trainer
 
         init_ray(self.settings)  # here, in the caller's thread: the run's trainer uses it from its own
         began = time.monotonic()
-        tag = f"{label or entry.name}-{uuid.uuid4().hex[:6]}"
+        name = label or entry.name
+        tag = f"{name}-{uuid.uuid4().hex[:6]}"
+        settings = self._run_settings(tag, learning_rate)
+        workers = self._start_workers(settings, tag)
+        population = Population(
+            entry.preference,
+            users=config.users,
+            silent=config.silent,
+            noise=config.noise,
+            kind=config.kind,
+            seed=config.seed,
+        )
+        state = _RunState(tag, settings, settings.topics, random.Random(config.seed), self.bus.producer(),
+                          LearnRun(entry.name, settings.trainer.learning_rate))
+        run = state.run
+        try:
+            for index in range(config.rounds):
+                version, evaluation = self._learn_round(population, entry, config, state, workers, index)
+                if progress is not None:
+                    progress(
+                        f"{name}: round {index + 1}/{config.rounds}: version {version} after "
+                        f"{run.feedback_events} feedback events liked {evaluation.liked_rate:.3f}"
+                    )
+            run.ability = self.ability(state.adapter)
+        except BaseException:
+            if state.adapter is not None:
+                self.unload(state.adapter)
+            raise
+        finally:
+            workers.stop_and_join()
+            state.producer.close()
+        if workers.failures:
+            failure = workers.failures[0]
+            raise LearningError(f"{name}: a component stopped: {failure!r}") from failure
+        run.final_adapter = state.adapter
+        run.liked_feedback = state.liked / run.feedback_events if run.feedback_events else 0.0
+        run.duration_s = time.monotonic() - began
+        return run
+
+    def _run_settings(self, tag: str, learning_rate: float | None) -> Settings:
+        """The lab's settings with the run's own topics, consumer group, checkpoints and registered
+        model; the trainer publishes only when asked (`_publish`)."""
         trainer_update: dict[str, Any] = {
             "checkpoint_dir": self.workdir / tag / "checkpoints",
             "group_id": f"learn-{tag}",
@@ -264,13 +356,20 @@ class Lab:
         }
         if learning_rate is not None:
             trainer_update["learning_rate"] = learning_rate
-        settings = self.settings.model_copy(
+        return self.settings.model_copy(
             update={
                 "bus": self.settings.bus.model_copy(update={"topic_prefix": f"learn.{tag}"}),
                 "trainer": self.settings.trainer.model_copy(update=trainer_update),
                 "mlflow": self.settings.mlflow.model_copy(update={"registered_model": f"learn-{tag}"}),
             }
         )
+
+    def _start_workers(self, settings: Settings, tag: str) -> _Workers:
+        """The run's topics made, its joiner and trainer started, each in a thread of its own."""
+        from online_rl.bus.topics import ensure_topics
+        from online_rl.stream import JoinConfig, Joiner
+        from online_rl.trainer import Trainer
+
         topics = settings.topics
         ensure_topics(self.bus, topics, settings.bus.partitions)
         join = settings.join
@@ -288,124 +387,67 @@ class Lab:
             transactional_id=f"learn-join-{tag}",
             topics=topics,
         )
-        trainer = Trainer(settings, self.bus)
-        stop = threading.Event()
-        failures: list[BaseException] = []
+        workers = _Workers(joiner, Trainer(settings, self.bus))
+        workers.start()
+        return workers
 
-        def guarded(target: Callable[[], object]) -> Callable[[], None]:
-            def body() -> None:
-                try:
-                    target()
-                except BaseException as exc:  # reported by the round loop below
-                    failures.append(exc)
-                    stop.set()
-
-            return body
-
-        threads = [
-            threading.Thread(target=guarded(lambda: joiner.run(stop.is_set)), daemon=True),
-            threading.Thread(target=guarded(lambda: trainer.run(stop=stop)), daemon=True),
-        ]
-        for thread in threads:
-            thread.start()
-        population = Population(
-            entry.preference,
-            users=config.users,
-            silent=config.silent,
-            noise=config.noise,
-            kind=config.kind,
-            seed=config.seed,
-        )
-        rng = random.Random(config.seed)
-        producer = self.bus.producer()
-        run = LearnRun(entry.name, settings.trainer.learning_rate)
-        adapter: str | None = None  # the engine name of the version answering users
-        behaviour: str | None = None  # its serving name, recorded on each interaction
-        liked = 0.0
-        sample_ends: dict[Any, int] = {}
-        try:
-            for index in range(config.rounds):
-                quota = config.events * (index + 1) // config.rounds - run.feedback_events
-                sent, liked_now = self._round(
-                    population,
-                    entry,
-                    config,
-                    rng,
-                    producer,
-                    topics,
-                    adapter,
-                    behaviour,
-                    settings.model.name,
-                    quota,
-                )
-                run.feedback_events += sent
-                liked += liked_now
-                sample_ends = self._wait_for_samples(
-                    topics.samples, run.feedback_events, sample_ends, stop, failures, config.round_timeout_s
-                )
-                published = self._publish(
-                    trainer, sample_ends, index + 1, stop, failures, config.round_timeout_s
-                )
-                folder = self.workdir / tag / f"v{published.version}"
-                path = download_version(
-                    settings.mlflow_tracking_uri, published.registered_model, published.version, folder
-                )
-                name = f"{tag}-v{published.version}"
-                self.load(name, path)
-                run.final_folder = path
-                if adapter is not None:
-                    self.unload(adapter)
-                adapter, behaviour = name, published.serving_name
-                evaluation = self.evaluate(
-                    entry, adapter, config.eval_samples, config.seed, config.temperature, config.max_tokens
-                )
-                run.versions.append(
-                    {"version": published.version, "samples": run.feedback_events, "evaluation": evaluation}
-                )
-                if progress is not None:
-                    progress(
-                        f"{label or entry.name}: round {index + 1}/{config.rounds}: version "
-                        f"{published.version} after {run.feedback_events} feedback events liked "
-                        f"{evaluation.liked_rate:.3f}"
-                    )
-            run.ability = self.ability(adapter)
-        except BaseException:
-            if adapter is not None:
-                self.unload(adapter)
-            raise
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(120)
-            joiner.close()
-            producer.close()
-        if failures:
-            raise LearningError(f"{label or entry.name}: a component stopped: {failures[0]!r}") from failures[
-                0
-            ]
-        run.final_adapter = adapter
-        run.liked_feedback = liked / run.feedback_events if run.feedback_events else 0.0
-        run.duration_s = time.monotonic() - began
-        return run
-
-    def _round(
+    def _learn_round(
         self,
         population: Population,
         entry: SuiteEntry,
         config: LearnConfig,
-        rng: random.Random,
-        producer: Any,
-        topics: Any,
-        adapter: str | None,
-        behaviour: str | None,
-        model: str,
-        quota: int,
+        state: _RunState,
+        workers: _Workers,
+        index: int,
+    ) -> tuple[int, Evaluation]:
+        """Round `index`: the users' traffic (collect), the joiner's samples (join), the trainer's new
+        version (publish), served in place of the last one (serve) and measured (evaluate)."""
+        run = state.run
+        quota = config.events * (index + 1) // config.rounds - run.feedback_events
+        sent, liked_now = self._round(population, entry, config, state, quota)  # collect
+        run.feedback_events += sent
+        state.liked += liked_now
+        state.sample_ends = self._wait_for_samples(  # join
+            state.topics.samples, run.feedback_events, state.sample_ends, workers.stop, workers.failures,
+            config.round_timeout_s,
+        )
+        published = self._publish(  # publish
+            workers.trainer, state.sample_ends, index + 1, workers.stop, workers.failures,
+            config.round_timeout_s,
+        )
+        self._serve(state, published)  # serve
+        evaluation = self.evaluate(  # evaluate
+            entry, state.adapter, config.eval_samples, config.seed, config.temperature, config.max_tokens
+        )
+        run.versions.append(
+            {"version": published.version, "samples": run.feedback_events, "evaluation": evaluation}
+        )
+        return published.version, evaluation
+
+    def _serve(self, state: _RunState, published: Any) -> None:
+        """The `published` version downloaded from MLflow and loaded; the one it replaces unloaded."""
+        from online_rl.registry import download_version
+
+        folder = self.workdir / state.tag / f"v{published.version}"
+        path = download_version(
+            state.settings.mlflow_tracking_uri, published.registered_model, published.version, folder
+        )
+        name = f"{state.tag}-v{published.version}"
+        self.load(name, path)
+        state.run.final_folder = path
+        if state.adapter is not None:
+            self.unload(state.adapter)
+        state.adapter, state.behaviour = name, published.serving_name
+
+    def _round(
+        self, population: Population, entry: SuiteEntry, config: LearnConfig, state: _RunState, quota: int
     ) -> tuple[int, float]:
         """Users ask and judge until `quota` feedback events are on the bus; (events, their reward sum)."""
         from online_rl.simulate.runner import feedback_reward
 
         prompts = entry.prompts("train")
         pairwise = config.kind == "pairwise"
+        rng, producer = state.rng, state.producer
         sent, reward_sum = 0, 0.0
         while sent < quota:
             wave = [
@@ -420,7 +462,7 @@ class Lab:
             answers = self.complete(
                 [p for _, p, _ in asks],
                 [s for _, _, s in asks],
-                adapter,
+                state.adapter,
                 config.temperature,
                 config.max_tokens,
             )
@@ -428,25 +470,9 @@ class Lab:
             for i, (user, prompt, draw) in enumerate(wave):
                 if sent >= quota:
                     break
-                now = time.time()
                 mine = answers[i * per : (i + 1) * per]
                 ids = [uuid.uuid4().hex for _ in mine]
-                for request_id, (text, token_ids, logprobs, finish) in zip(ids, mine, strict=True):
-                    interaction = Interaction(
-                        request_id=request_id,
-                        user_id=user,
-                        created_at=now,
-                        model=model,
-                        adapter_version=behaviour,
-                        sampling=SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens),
-                        prompt=[Message(role="user", content=prompt)],
-                        prompt_token_ids=self.prompt_ids(prompt),
-                        completion=text,
-                        completion_token_ids=token_ids,
-                        completion_logprobs=[max(v, -1e30) for v in logprobs],  # as serving logs them
-                        finish_reason=finish,
-                    )
-                    producer.produce(topics.interactions, encode(interaction), request_id.encode())
+                self._log_interactions(state, config, user, prompt, ids, mine)
                 judged = mine
                 if config.shuffle_labels:  # another answer's verdict, sent for this one
                     other = other_answer(i, len(wave), rng)
@@ -456,11 +482,40 @@ class Lab:
                 )
                 for event in events:
                     feedback = Feedback(event_id=uuid.uuid4().hex, created_at=time.time(), **event)
-                    producer.produce(topics.feedback, encode(feedback), event["request_id"].encode())
+                    producer.produce(state.topics.feedback, encode(feedback), event["request_id"].encode())
                     reward_sum += feedback_reward(event, True)
                     sent += 1
             producer.flush()
         return sent, reward_sum
+
+    def _log_interactions(
+        self,
+        state: _RunState,
+        config: LearnConfig,
+        user: str,
+        prompt: str,
+        ids: list[str],
+        answers: list[tuple[str, list[int], list[float], str]],
+    ) -> None:
+        """`user`'s `answers` (request ids `ids`) onto the interactions topic, as the inference service
+        logs them."""
+        now = time.time()
+        for request_id, (text, token_ids, logprobs, finish) in zip(ids, answers, strict=True):
+            interaction = Interaction(
+                request_id=request_id,
+                user_id=user,
+                created_at=now,
+                model=state.settings.model.name,
+                adapter_version=state.behaviour,
+                sampling=SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens),
+                prompt=[Message(role="user", content=prompt)],
+                prompt_token_ids=self.prompt_ids(prompt),
+                completion=text,
+                completion_token_ids=token_ids,
+                completion_logprobs=[max(v, -1e30) for v in logprobs],  # as serving logs them
+                finish_reason=finish,
+            )
+            state.producer.produce(state.topics.interactions, encode(interaction), request_id.encode())
 
     def _wait_for_samples(
         self,
