@@ -35,7 +35,7 @@ from bench.gateway import Run, closed_loop
 from online_rl.config import load_settings
 from online_rl.ingest import new_key
 from online_rl.models import EMBEDDED_MODEL_ID, prepare_embedded_model
-from online_rl.rollout.replicas import ReplicaPool
+from services.gateway.replicas import ReplicaPool
 
 FIELDS = ("throughput_ratio", "throughput_ratio_range", "added_p50_ms", "discover_ms", "fixed_rps",
           "dns_rps", "fixed_p50_ms", "dns_p50_ms", "rounds", "machine")

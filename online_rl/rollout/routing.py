@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from online_rl.registry import serving_name
-from online_rl.rollout.controller import RolloutState
 from online_rl.rollout.split import Arm, arm_for, in_holdout
+from online_rl.rollout.state import RolloutState
 
 __all__ = ["Route", "route_request"]
 

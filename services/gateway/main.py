@@ -16,13 +16,12 @@ from fastapi import FastAPI
 from online_rl.bus import Bus, ensure_topics, open_bus
 from online_rl.config import Settings
 from online_rl.errors import ConfigError
-from online_rl.rollout.loop import Gate, RolloutLoop
-from online_rl.rollout.replicas import ReplicaPool
-from online_rl.rollout.scoring import LogprobScorer
+from online_rl.rollout.driver import Gate, LogprobScorer, RolloutLoop
 from online_rl.tracking import mlflow_client
 from services.common.app import edge_app
 from services.common.serve import require_api_keys
 from services.gateway.errors import install_error_handlers
+from services.gateway.replicas import ReplicaPool
 from services.gateway.routes import health, page, proxy, rollout
 from services.gateway.service import GatewayService
 

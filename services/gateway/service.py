@@ -13,8 +13,8 @@ from prometheus_client.registry import Collector
 
 from online_rl.config import Settings
 from online_rl.ingest import ApiKeyStore, TokenBuckets
-from online_rl.rollout.loop import RolloutLoop
-from online_rl.rollout.replicas import ReplicaPool
+from online_rl.rollout.driver import RolloutLoop
+from services.gateway.replicas import ReplicaPool
 
 __all__ = ["GatewayService", "Metrics"]
 

@@ -37,7 +37,8 @@ KAFKA_CLIENTS = {"feedback": "feedback", "inference": "inference", "gateway": "g
                  "trainer-head": "trainer"}
 
 # Consumer groups the code names at run time rather than in the settings, and where.
-ROLLOUT_GROUP_PREFIX = ("orl-rollout-", "online_rl/rollout/loop.py")  # the gateway's tally, one per start
+# the gateway's tally, one per start
+ROLLOUT_GROUP_PREFIX = ("orl-rollout-", "online_rl/rollout/driver/canary.py")
 READ_ALL_GROUP_PREFIX = ("read-all-", "online_rl/bus/base.py")  # Bus.read_all: the joiner's restore
 PROBE_GROUP = ("orl-probe", "online_rl/bus/kafka.py")  # KafkaBus.end_offsets' probe consumer
 

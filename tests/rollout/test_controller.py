@@ -9,14 +9,8 @@ from typing import Any
 import pytest
 
 from online_rl.config import Settings
-from online_rl.rollout import (
-    ArmStats,
-    Evidence,
-    RolloutConflict,
-    RolloutController,
-    RolloutPlan,
-    RolloutStore,
-)
+from online_rl.rollout import ArmStats, Evidence, RolloutConflict, RolloutPlan, RolloutStore
+from online_rl.rollout.driver import RolloutController
 
 PLAN = RolloutPlan(steps=(0.05, 0.5, 1.0), min_samples=100, max_step_s=600)
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from online_rl.config import GatewayConfig
-from online_rl.rollout.replicas import ReplicaPool
+from services.gateway.replicas import ReplicaPool
 
 
 def test_a_dns_source_becomes_one_replica_per_address_and_keeps_their_state() -> None:

@@ -33,14 +33,15 @@ from online_rl.bus import Bus, BusError
 from online_rl.config import RolloutConfig, Settings
 from online_rl.events import TrainingSample, decode
 from online_rl.registry import alias_version, serving_name
-from online_rl.rollout.controller import RolloutConflict, RolloutController, RolloutState, RolloutStore
+from online_rl.rollout.driver.decisions import RolloutController
 from online_rl.rollout.health import HealthLog
 from online_rl.rollout.offpolicy import OffPolicyEstimate
 from online_rl.rollout.plan import Evidence, Guardrails, RolloutPlan
-from online_rl.rollout.replicas import AdapterLoadFailed, ReplicaPool, ReplicaUnavailable
+from online_rl.rollout.replicas import AdapterLoadFailed, Replicas, ReplicaUnavailable
 from online_rl.rollout.rewards import RewardTally
 from online_rl.rollout.routing import Route, route_request
 from online_rl.rollout.sequential import compare
+from online_rl.rollout.state import RolloutConflict, RolloutState, RolloutStore
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -65,7 +66,7 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
 class RolloutLoop:
     """One gateway's rollouts: state, evidence and the replicas' adapters."""
 
-    def __init__(self, settings: Settings, pool: ReplicaPool, bus: Bus, client: MlflowClient,
+    def __init__(self, settings: Settings, pool: Replicas, bus: Bus, client: MlflowClient,
                  gate: Gate | None = None, clock: Callable[[], float] = time.time) -> None:
         self.config = settings.gateway.rollout
         self.registered = settings.mlflow.registered_model
