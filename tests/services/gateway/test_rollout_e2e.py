@@ -34,8 +34,8 @@ def _drive(stack: Stack, users: Users, rounds: int = 60) -> tuple[list[Answer], 
         if before["status"] == after["status"] == "running" and before["weight"] == after["weight"]:
             for answer in batch:  # the split held still: each user got exactly its bucket's arm
                 assert answer.arm == arm_for(after["rollout_id"], answer.user, after["weight"]), answer
-        if after["status"] != "running":
-            return answers, running, stack.status()
+        if after["status"] != "running":  # and once MLflow has taken the verdict (aliases, then tags)
+            return answers, running, stack.wait(lambda s: s["rollout"]["mlflow_pending"] is None)
     raise AssertionError(f"the rollout did not end: {stack.status()}")
 
 
