@@ -148,7 +148,8 @@ def hostile_records(topic: str, count: int, seed: int = 0) -> list[bytes]:
 
 
 def _rejected(data: bytes, topic: str) -> bool:
-    from online_rl.events import DecodeError, Feedback, Interaction, TrainingSample, decode
+    from online_rl.errors import DecodeError
+    from online_rl.events import Feedback, Interaction, TrainingSample, decode
 
     kind: Any = {"interactions": Interaction, "feedback": Feedback, "samples": TrainingSample}[topic]
     try:

@@ -25,20 +25,11 @@ from tenacity import (
     wait_exponential,
 )
 
-from online_rl.errors import OnlineRLError
+from online_rl.errors import FeedbackRejected  # exported here too: the client's one error
 
 __all__ = ["FeedbackClient", "FeedbackRejected"]
 
 _RETRY_STATUS = {429, 502, 503, 504}
-
-
-class FeedbackRejected(OnlineRLError):
-    """The API refused the feedback for good (bad input, bad key); the message says why."""
-
-    def __init__(self, status: int, body: Any) -> None:
-        message = body.get("message") if isinstance(body, dict) else str(body)
-        super().__init__(f"feedback API answered {status}: {message}")
-        self.status, self.body = status, body
 
 
 class _Retryable(Exception):

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from online_rl.errors import OnlineRLError
+from online_rl.errors import DecodeError, MalformedRecord, UnsupportedSchemaVersion  # exported here too
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -44,18 +44,6 @@ _BIG_ENDIAN = sys.byteorder == "big"
 Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/+=-]+$")]
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]  # the model's vocabulary is checked where it is known
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-class DecodeError(OnlineRLError):
-    """A record could not be turned into an event."""
-
-
-class MalformedRecord(DecodeError):
-    """The bytes are not a valid event (bad encoding, wrong type, failed validation)."""
-
-
-class UnsupportedSchemaVersion(DecodeError):
-    """The record was written with a newer schema than this code understands."""
 
 
 class _Event(BaseModel):

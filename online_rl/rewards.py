@@ -12,14 +12,10 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from online_rl.errors import ConfigError
+from online_rl.errors import ConfigError, UnmappedFeedback  # UnmappedFeedback: exported here too
 from online_rl.events import Feedback, FeedbackKind
 
 __all__ = ["RewardMapping", "UnmappedFeedback"]
-
-
-class UnmappedFeedback(ConfigError):
-    """The mapping has no rule for this feedback (e.g. an unknown implicit signal)."""
 
 
 @dataclass(frozen=True)

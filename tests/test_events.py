@@ -8,16 +8,8 @@ import msgspec
 import pytest
 from pydantic import ValidationError
 
-from online_rl.events import (
-    Feedback,
-    FeedbackKind,
-    Interaction,
-    MalformedRecord,
-    TrainingSample,
-    UnsupportedSchemaVersion,
-    decode,
-    encode,
-)
+from online_rl.errors import MalformedRecord, UnsupportedSchemaVersion
+from online_rl.events import Feedback, FeedbackKind, Interaction, TrainingSample, decode, encode
 from online_rl.stream.join import JoinConfig, JoinState
 from tests.factories import interaction, preference, rating, thumbs
 
@@ -119,7 +111,7 @@ def test_any_bytes_decode_to_an_event_or_a_typed_error() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from online_rl.events import DecodeError
+    from online_rl.errors import DecodeError
 
     valid = [msgspec.msgpack.decode(encode(e)[1:]) for e in (interaction("r1"), thumbs("r1", up=True),
                                                             rating("r1", 4.0), preference("a", "b"))]

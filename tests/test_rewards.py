@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from online_rl.errors import ConfigError
+from online_rl.errors import ConfigError, UnmappedFeedback
 from online_rl.events import Feedback
-from online_rl.rewards import RewardMapping, UnmappedFeedback
+from online_rl.rewards import RewardMapping
 from tests.factories import preference, rating, thumbs
 
 

@@ -7,21 +7,23 @@ from typing import TYPE_CHECKING
 from online_rl.bus.base import (
     AssignCallback,
     Bus,
-    BusError,
-    BusUnavailable,
-    CommitFailed,
     Consumer,
-    DeliveryError,
     Producer,
-    ProducerFenced,
     Record,
     RecordMetadata,
     TopicPartition,
-    UnknownTopic,
     murmur2,
     partition_for,
 )
 from online_rl.bus.dlq import DeadLetters, decode_or_dead_letter
+from online_rl.bus.errors import (
+    BusError,
+    BusUnavailable,
+    CommitFailed,
+    DeliveryError,
+    ProducerFenced,
+    UnknownTopic,
+)
 from online_rl.bus.topics import Topics, ensure_topics
 
 if TYPE_CHECKING:

@@ -20,50 +20,20 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from online_rl.errors import OnlineRLError
+from online_rl.bus.errors import BusError, BusUnavailable
 
 __all__ = [
     "AssignCallback",
     "Bus",
-    "BusError",
-    "BusUnavailable",
-    "CommitFailed",
     "Consumer",
-    "DeliveryError",
     "Producer",
-    "ProducerFenced",
     "RebalanceCallback",
     "Record",
     "RecordMetadata",
     "TopicPartition",
-    "UnknownTopic",
     "murmur2",
     "partition_for",
 ]
-
-
-class BusError(OnlineRLError):
-    """Base class of bus errors."""
-
-
-class BusUnavailable(BusError):
-    """The bus cannot be reached or did not confirm in time; the caller may retry."""
-
-
-class DeliveryError(BusError):
-    """Some produced records were not confirmed; none of them may be assumed written."""
-
-
-class CommitFailed(BusError):
-    """An offset commit was refused, usually because the partition moved to another consumer."""
-
-
-class ProducerFenced(BusError):
-    """A newer producer with the same transactional id exists; this one must stop."""
-
-
-class UnknownTopic(BusError):
-    """The topic does not exist; create it first (`online-rl bus create-topics`)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)

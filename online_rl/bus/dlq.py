@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from online_rl.bus.base import Producer, Record
-from online_rl.events import DecodeError, _Event, decode
+from online_rl.errors import DecodeError
+from online_rl.events import _Event, decode
 
 __all__ = ["DeadLetters", "decode_or_dead_letter"]
 

@@ -31,20 +31,16 @@ from typing import Any
 from online_rl.bus.base import (
     AssignCallback,
     Bus,
-    BusError,
-    CommitFailed,
     Consumer,
-    DeliveryError,
     Headers,
     Producer,
-    ProducerFenced,
     RebalanceCallback,
     Record,
     RecordMetadata,
     TopicPartition,
-    UnknownTopic,
     partition_for,
 )
+from online_rl.bus.errors import BusError, CommitFailed, DeliveryError, ProducerFenced, UnknownTopic
 
 __all__ = ["EmbeddedBus"]
 

@@ -22,18 +22,20 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from online_rl.bus.base import (
     AssignCallback,
     Bus,
-    BusError,
-    BusUnavailable,
-    CommitFailed,
     Consumer,
-    DeliveryError,
     Headers,
     Producer,
-    ProducerFenced,
     RebalanceCallback,
     Record,
     RecordMetadata,
     TopicPartition,
+)
+from online_rl.bus.errors import (
+    BusError,
+    BusUnavailable,
+    CommitFailed,
+    DeliveryError,
+    ProducerFenced,
     UnknownTopic,
 )
 

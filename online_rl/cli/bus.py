@@ -11,7 +11,8 @@ from online_rl.bus import ensure_topics, open_bus
 from online_rl.cli.health import Heartbeat
 from online_rl.cli.signals import stop_on_signals
 from online_rl.config import load_settings
-from online_rl.events import DecodeError, Feedback, Interaction, TrainingSample, decode
+from online_rl.errors import DecodeError
+from online_rl.events import Feedback, Interaction, TrainingSample, decode
 
 __all__ = ["bus_app", "join_cmd"]
 

@@ -16,17 +16,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from online_rl.cli.errors import GatewayRefused
 from online_rl.config import load_settings
-from online_rl.errors import OnlineRLError
 
 __all__ = ["rollout_app"]
 
 rollout_app = typer.Typer(help="Watch and control canary rollouts on the gateway.", no_args_is_help=True)
 _out = Console()
-
-
-class GatewayRefused(OnlineRLError):
-    """The gateway answered with an error (its message says why)."""
 
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="The gateway's base URL (default: the config's).")]

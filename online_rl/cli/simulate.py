@@ -12,14 +12,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from online_rl.cli.errors import SimulationRefused
 from online_rl.config import load_settings
-from online_rl.errors import OnlineRLError
 
 __all__ = ["simulate_cmd"]
-
-
-class SimulationRefused(OnlineRLError):
-    """The simulation's options do not make sense (the message says which and how to fix it)."""
 
 
 def simulate_cmd(

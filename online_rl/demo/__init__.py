@@ -1,7 +1,8 @@
 """The main job's demo: simulated users on the running loop, and the report of what it learned."""
 
+from online_rl.demo.errors import DemoError
 from online_rl.demo.report import ABILITY_PROMPTS, AbilityAnswer, build_report, write_report
-from online_rl.demo.run import DemoError, DemoOptions, run_demo
+from online_rl.demo.run import DemoOptions, run_demo
 
 __all__ = [
     "ABILITY_PROMPTS",

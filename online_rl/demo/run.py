@@ -25,18 +25,14 @@ import httpx
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from online_rl.config import Settings
+from online_rl.demo.errors import DemoError
 from online_rl.demo.report import ABILITY_PROMPTS, AbilityAnswer, build_report, correct, write_report
-from online_rl.errors import OnlineRLError
 from online_rl.hardware import machine_info
 from online_rl.launch import RunKeys, read_keys, read_registry_auth, read_state, status
 from online_rl.registry.access import use_credentials
 from online_rl.simulate import PROMPTS, Population, SimulationResult, load_preference, simulate
 
-__all__ = ["DemoError", "DemoOptions", "run_demo"]
-
-
-class DemoError(OnlineRLError):
-    """The demo cannot run (feedback it cannot measure, the loop not up, or a component not ready)."""
+__all__ = ["DemoOptions", "run_demo"]
 
 
 @dataclass(frozen=True)
@@ -107,7 +103,8 @@ def _offsets(tag: str) -> dict[int, tuple[int, int]]:
 def _trained_on(settings: Settings, versions: list[dict[str, Any]]) -> dict[str, set[str]]:
     """Per version, the request ids behind the samples in its lineage offset ranges."""
     from online_rl.bus import open_bus
-    from online_rl.events import DecodeError, TrainingSample, decode
+    from online_rl.errors import DecodeError
+    from online_rl.events import TrainingSample, decode
 
     ranges = {v["version"]: _offsets(v["tags"].get("offsets", "")) for v in versions}
     out: dict[str, set[str]] = {v: set() for v in ranges}

@@ -3,17 +3,9 @@
 Nothing here knows about HTTP; the services turn these results into status codes.
 """
 
-from online_rl.ingest.auth import (
-    ApiKeyStore,
-    Forbidden,
-    KeyInfo,
-    Unauthenticated,
-    authorize,
-    check_subject,
-    hash_key,
-    new_key,
-)
-from online_rl.ingest.limits import OverLimit, RateLimited, TokenBuckets, UserCaps
+from online_rl.ingest.auth import ApiKeyStore, KeyInfo, authorize, check_subject, hash_key, new_key
+from online_rl.ingest.errors import Forbidden, OverLimit, RateLimited, Unauthenticated
+from online_rl.ingest.limits import TokenBuckets, UserCaps
 from online_rl.ingest.writer import AsyncBusWriter, RecentIds
 
 __all__ = [

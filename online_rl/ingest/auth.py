@@ -16,10 +16,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from online_rl.errors import ConfigError, OnlineRLError
+from online_rl.errors import ConfigError
+from online_rl.ingest.errors import Forbidden, Unauthenticated
 
-__all__ = ["SCOPES", "ApiKeyStore", "Forbidden", "KeyInfo", "Unauthenticated", "authorize", "check_subject",
-           "hash_key", "new_key"]
+__all__ = ["SCOPES", "ApiKeyStore", "KeyInfo", "authorize", "check_subject", "hash_key", "new_key"]
 
 _ALL = "*"
 _SUBJECT = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")  # the events' user id
@@ -118,14 +118,6 @@ class ApiKeyStore:
             return None
         # A lookup by digest: what is compared is a hash, so its timing tells nothing about the key.
         return self._keys.get(hash_key(raw))
-
-
-class Unauthenticated(OnlineRLError):
-    """No key, or a key that is not known (HTTP 401)."""
-
-
-class Forbidden(OnlineRLError):
-    """A known key without the scope the call needs (HTTP 403)."""
 
 
 def authorize(keys: ApiKeyStore, authorization: str | None, scope: str,

@@ -11,21 +11,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from online_rl.errors import OnlineRLError
+from online_rl.ingest.errors import OverLimit, RateLimited
 
-__all__ = ["OverLimit", "RateLimited", "TokenBuckets", "UserCaps"]
-
-
-class RateLimited(OnlineRLError):
-    """Too many requests; retry after `retry_after` seconds."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class OverLimit(OnlineRLError):
-    """A request that no amount of waiting would let through (larger than a limit)."""
+__all__ = ["TokenBuckets", "UserCaps"]
 
 
 @dataclass

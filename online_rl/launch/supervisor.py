@@ -30,20 +30,17 @@ import httpx
 from filelock import FileLock
 
 from online_rl.config import Settings
-from online_rl.errors import OnlineRLError
 from online_rl.ingest import new_key
 from online_rl.launch.components import KAFKA_SCRIPT, SIGNING_KEY, Component, Wiring, plan
+from online_rl.launch.errors import LaunchError
 from online_rl.launch.mlflow_auth import AUTH_FILE, make_registry_auth
-from online_rl.registry.access import RegistryAccessError, RegistryAuth, grant_access
+from online_rl.registry.access import RegistryAuth, grant_access
+from online_rl.registry.errors import RegistryAccessError
 
-__all__ = ["ComponentStatus", "LaunchError", "RunKeys", "down", "read_keys", "read_state", "state_lock",
-           "status", "up", "watchdog_alive"]
+__all__ = ["ComponentStatus", "RunKeys", "down", "read_keys", "read_state", "state_lock", "status", "up",
+           "watchdog_alive"]
 
 _STATE, _KEYS, _ENTRIES = "state.json", "keys.json", "api-keys.txt"
-
-
-class LaunchError(OnlineRLError):
-    """A component could not be started (the message says which, why and where its log is)."""
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,15 @@
 
 from online_rl.registry.access import (
     Credentials,
-    RegistryAccessError,
     RegistryAuth,
     grant_access,
     use_credentials,
     write_auth_config,
 )
+from online_rl.registry.errors import AdapterRejected, RegistryAccessError
 from online_rl.registry.lineage import (
     ADAPTER_WEIGHTS,
     LINEAGE_NAME,
-    AdapterRejected,
     LineageManifest,
     file_sha256,
     folder_files,

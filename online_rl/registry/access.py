@@ -35,10 +35,11 @@ from typing import Any
 
 import httpx
 
-from online_rl.errors import ConfigError, OnlineRLError
+from online_rl.errors import ConfigError
+from online_rl.registry.errors import RegistryAccessError
 
 __all__ = ["ADMIN", "AUTH_CACHE_TTL_S", "DEFAULT_PERMISSION", "GRANTS", "MODEL", "ROLES", "Credentials",
-           "RegistryAccessError", "RegistryAuth", "grant_access", "use_credentials", "write_auth_config"]
+           "RegistryAuth", "grant_access", "use_credentials", "write_auth_config"]
 
 ADMIN = "admin"  # the app's admin user (`admin_username`), made at the server's first start
 DEFAULT_PERMISSION = "READ"  # what any signed-in user may do without a grant: read
@@ -64,10 +65,6 @@ _USER_ROLES = "/api/3.0/mlflow/users/roles/list"
 _UPDATE_GRANT = "/api/3.0/mlflow/roles/permissions/update"
 _OWN_ROLE = re.compile(r"^__user_\d+__$")  # the user's own role, where MLflow keeps its grants
 _CREATE_MODEL = "/api/2.0/mlflow/registered-models/create"
-
-
-class RegistryAccessError(OnlineRLError):
-    """MLflow refused to set up the loop's users (the message says what to do)."""
 
 
 @dataclass(frozen=True)

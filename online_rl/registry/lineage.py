@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from online_rl.errors import ConfigError, OnlineRLError
+from online_rl.errors import ConfigError
+from online_rl.registry.errors import AdapterRejected
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ADAPTER_WEIGHTS",
     "LINEAGE_NAME",
-    "AdapterRejected",
     "LineageManifest",
     "file_sha256",
     "folder_files",
@@ -49,10 +49,6 @@ LINEAGE_NAME = "lineage.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-
-
-class AdapterRejected(OnlineRLError):
-    """An adapter folder failed verification; the message says what is wrong and how to fix it."""
 
 
 class LineageManifest(BaseModel):

@@ -6,18 +6,18 @@ The modules of this package are pure: no HTTP client, no registry, no bus. `onli
 runs them against MLflow, the bus and the replicas; the gateway service builds the driver.
 """
 
+from online_rl.rollout.errors import ReplicaRefusedVersion, ReplicaUnavailable, RolloutConflict
 from online_rl.rollout.offpolicy import OffPolicyEstimate, snips
 from online_rl.rollout.plan import ArmHealth, Decision, Evidence, Guardrails, RolloutPlan, decide
-from online_rl.rollout.replicas import AdapterLoadFailed, Replica, Replicas, ReplicaUnavailable
+from online_rl.rollout.replicas import Replica, Replicas
 from online_rl.rollout.rewards import RewardPoint, RewardTally
 from online_rl.rollout.routing import Route, route_request
 from online_rl.rollout.sequential import ArmStats, Comparison, compare
 from online_rl.rollout.split import BUCKETS, Arm, arm_for, bucket
-from online_rl.rollout.state import RolloutConflict, RolloutState, RolloutStore
+from online_rl.rollout.state import RolloutState, RolloutStore
 
 __all__ = [
     "BUCKETS",
-    "AdapterLoadFailed",
     "Arm",
     "ArmHealth",
     "ArmStats",
@@ -27,6 +27,7 @@ __all__ = [
     "Guardrails",
     "OffPolicyEstimate",
     "Replica",
+    "ReplicaRefusedVersion",
     "ReplicaUnavailable",
     "Replicas",
     "RewardPoint",

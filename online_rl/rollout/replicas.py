@@ -11,21 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from online_rl.errors import OnlineRLError
-
-__all__ = ["AdapterLoadFailed", "Replica", "ReplicaUnavailable", "Replicas"]
-
-
-class ReplicaUnavailable(OnlineRLError):
-    """No replica could take the request."""
-
-
-class AdapterLoadFailed(OnlineRLError):
-    """A replica refused to load adapter version `name` (the message says why)."""
-
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(message)
-        self.name = name
+__all__ = ["Replica", "Replicas"]
 
 
 @dataclass
@@ -51,7 +37,7 @@ class Replicas(Protocol):
 
     async def ensure_loaded(self, versions: Mapping[str, str]) -> dict[str, str]:
         """Load `versions` (serving name -> source URI) on every replica that lacks them; the replicas
-        that could not (url -> why). Raises `AdapterLoadFailed` when a replica refuses a version."""
+        that could not (url -> why). Raises `ReplicaRefusedVersion` when a replica refuses a version."""
         ...
 
     async def unload(self, name: str, timeout_s: float = 60.0) -> None:

@@ -13,15 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from online_rl.errors import OnlineRLError
-
-__all__ = ["RolloutConflict", "RolloutState", "RolloutStore", "Status"]
+__all__ = ["RolloutState", "RolloutStore", "Status"]
 
 Status = Literal["running", "paused", "promoted", "rolled_back"]
-
-
-class RolloutConflict(OnlineRLError):
-    """The request does not fit the rollout's current state (e.g. starting a second one)."""
 
 
 @dataclass

@@ -24,28 +24,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from online_rl.errors import OnlineRLError
 from online_rl.registry import AdapterRejected, LineageManifest, download_version, verify_adapter_dir
 from online_rl.serving.engine import Engine
+from online_rl.serving.errors import AdapterUnavailable, UnknownModel, VersionConflict
 
-__all__ = ["AdapterInfo", "AdapterManager", "AdapterSource", "AdapterUnavailable", "UnknownModel",
-           "VersionConflict"]
+__all__ = ["AdapterInfo", "AdapterManager", "AdapterSource"]
 
 logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_-]+))$")
-
-
-class UnknownModel(OnlineRLError):
-    """The requested model is neither the base, a loaded version nor an alias."""
-
-
-class AdapterUnavailable(OnlineRLError):
-    """The registry or artifact store failed while fetching a version: try again later."""
-
-
-class VersionConflict(OnlineRLError):
-    """The operation would break a rule about versions (reused name, unloading a served alias)."""
 
 
 @dataclass(frozen=True)

@@ -16,24 +16,16 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from online_rl.errors import OnlineRLError
 from online_rl.events import Interaction, Message, SamplingParams
 from online_rl.serving.adapters import AdapterManager
 from online_rl.serving.engine import Engine, GenerationRequest
+from online_rl.serving.errors import PromptTooLong
 from online_rl.serving.interaction_log import InteractionLogger
 from online_rl.serving.text import IncrementalText
 
-__all__ = ["Chunk", "InferenceCore", "PromptTooLong", "new_request_id"]
+__all__ = ["Chunk", "InferenceCore", "new_request_id"]
 
 logger = logging.getLogger(__name__)
-
-
-class PromptTooLong(OnlineRLError):
-    """Prompt plus max_tokens exceed the engine's context; `field` names the one to shrink."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def new_request_id() -> str:

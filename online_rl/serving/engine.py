@@ -16,25 +16,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from online_rl.errors import OnlineRLError
 from online_rl.events import SamplingParams
+from online_rl.serving.errors import AdapterLoadError
 
-__all__ = [
-    "AdapterLoadError",
-    "Engine",
-    "EngineError",
-    "GenerationRequest",
-    "TokenDelta",
-    "check_room",
-]
-
-
-class EngineError(OnlineRLError):
-    """Generation failed inside the engine."""
-
-
-class AdapterLoadError(OnlineRLError):
-    """An adapter could not be loaded; serving is unchanged and the message says why."""
+__all__ = ["Engine", "GenerationRequest", "TokenDelta", "check_room"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,14 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from online_rl.serving.engine import (
-    AdapterLoadError,
-    Engine,
-    EngineError,
-    GenerationRequest,
-    TokenDelta,
-    check_room,
-)
+from online_rl.serving.engine import Engine, GenerationRequest, TokenDelta, check_room
+from online_rl.serving.errors import AdapterLoadError, EngineError
 from online_rl.serving.multi_lora import MultiLora
 
 __all__ = ["TransformersEngine"]

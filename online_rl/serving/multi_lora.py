@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from online_rl.serving.engine import AdapterLoadError
+from online_rl.serving.errors import AdapterLoadError
 
 __all__ = ["MultiLora", "PreparedAdapter"]
 

@@ -22,14 +22,8 @@ from typing import Any
 
 from online_rl.errors import ConfigError
 from online_rl.models.check import cpu_only, vllm_cpu_kwargs
-from online_rl.serving.engine import (
-    AdapterLoadError,
-    Engine,
-    EngineError,
-    GenerationRequest,
-    TokenDelta,
-    check_room,
-)
+from online_rl.serving.engine import Engine, GenerationRequest, TokenDelta, check_room
+from online_rl.serving.errors import AdapterLoadError, EngineError
 
 __all__ = ["VllmEngine"]
 

@@ -34,22 +34,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from online_rl.config import Settings
-from online_rl.errors import OnlineRLError
 from online_rl.events import Feedback, Interaction, Message, SamplingParams, encode
+from online_rl.simulate.errors import LearningError
 from online_rl.simulate.population import FeedbackKind, Population
 from online_rl.simulate.suite import SUITE, SuiteEntry
 
 if TYPE_CHECKING:
     from online_rl.bus.topics import Topics
 
-__all__ = ["Evaluation", "Lab", "LearnConfig", "LearnRun", "LearningError", "measure_base_rates",
-           "other_answer"]
+__all__ = ["Evaluation", "Lab", "LearnConfig", "LearnRun", "measure_base_rates", "other_answer"]
 
 logger = logging.getLogger(__name__)
-
-
-class LearningError(OnlineRLError):
-    """A learning run could not finish (the trainer or the joiner stopped, or a round timed out)."""
 
 
 @dataclass(frozen=True)

@@ -32,22 +32,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from online_rl.bus import TopicPartition
-from online_rl.errors import OnlineRLError
 from online_rl.registry.lineage import file_sha256
+from online_rl.trainer.errors import CheckpointCorrupt
 
-__all__ = ["Checkpoint", "CheckpointAhead", "CheckpointCorrupt", "CheckpointStore", "capture_rng",
-           "restore_rng"]
+__all__ = ["Checkpoint", "CheckpointStore", "capture_rng", "restore_rng"]
 
 logger = logging.getLogger(__name__)
 _TENSORS, _STATE, _MANIFEST, _LATEST = "tensors.safetensors", "state.json", "manifest.json", "latest"
-
-
-class CheckpointCorrupt(OnlineRLError):
-    """A checkpoint folder is incomplete or its files do not match its manifest."""
-
-
-class CheckpointAhead(OnlineRLError):
-    """A checkpoint covers offsets the topic does not have (it was recreated or truncated)."""
 
 
 @dataclass

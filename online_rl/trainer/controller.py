@@ -43,7 +43,8 @@ from online_rl.registry import (
     write_lineage,
 )
 from online_rl.stream import Batch, Stream
-from online_rl.trainer.checkpoint import Checkpoint, CheckpointAhead, CheckpointStore
+from online_rl.trainer.checkpoint import Checkpoint, CheckpointStore
+from online_rl.trainer.errors import CheckpointAhead
 from online_rl.trainer.evaluation import EvalSet, eval_gain
 from online_rl.trainer.metrics import TrainerMetrics
 from online_rl.trainer.ppo import advantages_for, ppo_config

@@ -7,8 +7,7 @@ import logging
 
 from fastapi import FastAPI, Request
 
-from online_rl.rollout import RolloutConflict
-from online_rl.rollout.replicas import ReplicaUnavailable
+from online_rl.rollout import ReplicaUnavailable, RolloutConflict
 from services.common.errors import ApiError, install_errors, openai_body, openai_errors
 
 __all__ = ["install_error_handlers"]

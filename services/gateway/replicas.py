@@ -30,7 +30,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from online_rl.rollout.replicas import AdapterLoadFailed, Replica, ReplicaUnavailable
+from online_rl.rollout.errors import ReplicaRefusedVersion, ReplicaUnavailable
+from online_rl.rollout.replicas import Replica
 
 __all__ = ["ReplicaPool", "Upstream"]
 
@@ -198,7 +199,7 @@ class ReplicaPool:
 
         Returns the replicas that are missing some version for a passing reason (unreachable, a
         5xx): url -> why; they are reconciled on a later call, and requests fail over meanwhile.
-        Raises `AdapterLoadFailed` when a replica refuses a version (bad weights, another base
+        Raises `ReplicaRefusedVersion` when a replica refuses a version (bad weights, another base
         model: a 4xx), since no replica will ever serve it.
         """
         unreachable: dict[str, str] = {}
@@ -215,8 +216,8 @@ class ReplicaPool:
                         unreachable[replica.url] = f"loading {name}: HTTP {status}"
                         continue
                     if status not in (200, 201):
-                        raise AdapterLoadFailed(name, f"replica {replica.url} refused {name} from {source}: "
-                                                      f"HTTP {status} {str(body)[:500]}")
+                        raise ReplicaRefusedVersion(name, f"replica {replica.url} refused {name} from "
+                                                          f"{source}: HTTP {status} {str(body)[:500]}")
                     logger.info("loaded %s on %s", name, replica.url)
             except (*_FAILED, ReplicaUnavailable) as exc:
                 unreachable[replica.url] = f"{type(exc).__name__}: {exc}"

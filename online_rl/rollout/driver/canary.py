@@ -34,14 +34,15 @@ from online_rl.config import RolloutConfig, Settings
 from online_rl.events import TrainingSample, decode
 from online_rl.registry import alias_version, serving_name
 from online_rl.rollout.driver.decisions import RolloutController
+from online_rl.rollout.errors import ReplicaRefusedVersion, ReplicaUnavailable, RolloutConflict
 from online_rl.rollout.health import HealthLog
 from online_rl.rollout.offpolicy import OffPolicyEstimate
 from online_rl.rollout.plan import Evidence, Guardrails, RolloutPlan
-from online_rl.rollout.replicas import AdapterLoadFailed, Replicas, ReplicaUnavailable
+from online_rl.rollout.replicas import Replicas
 from online_rl.rollout.rewards import RewardTally
 from online_rl.rollout.routing import Route, route_request
 from online_rl.rollout.sequential import compare
-from online_rl.rollout.state import RolloutConflict, RolloutState, RolloutStore
+from online_rl.rollout.state import RolloutState, RolloutStore
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -226,7 +227,7 @@ class RolloutLoop:
         name = self.name(version)
         try:
             missing = await self.pool.ensure_loaded({name: self._uri(version)})
-        except AdapterLoadFailed as exc:
+        except ReplicaRefusedVersion as exc:
             return await asyncio.to_thread(self.controller.reject, version, f"could not load: {exc}", actor)
         if len(missing) == len(self.pool.replicas):
             raise ReplicaUnavailable(f"no replica could load {name} ({missing}); trying again next tick")
@@ -268,7 +269,7 @@ class RolloutLoop:
                 needed[self.name(version)] = self._uri(version)
         try:
             await self.pool.ensure_loaded(needed)
-        except AdapterLoadFailed as exc:
+        except ReplicaRefusedVersion as exc:
             if state is None or not state.active or exc.name != self.name(state.challenger):
                 raise
             await asyncio.to_thread(self.controller.rollback, "controller", f"could not load: {exc}")

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from online_rl.registry import alias_version
+from online_rl.rollout.errors import RolloutConflict
 from online_rl.rollout.plan import Decision, Evidence, RolloutPlan, decide
-from online_rl.rollout.state import RolloutConflict, RolloutState, RolloutStore
+from online_rl.rollout.state import RolloutState, RolloutStore
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -19,8 +19,7 @@ from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
 from online_rl.ingest import Forbidden, KeyInfo
-from online_rl.rollout import Route
-from online_rl.rollout.replicas import ReplicaUnavailable
+from online_rl.rollout import ReplicaUnavailable, Route
 from services.common.errors import ApiError
 from services.gateway.deps import CallerDep, ServiceDep
 from services.gateway.service import GatewayService

@@ -89,7 +89,7 @@ def test_retries_through_two_replicas_are_counted_once_after_the_join(
 
 
 def test_client_gives_up_with_the_servers_reason(api: Api, tmp_path: Path) -> None:
-    from online_rl.client import FeedbackRejected
+    from online_rl.errors import FeedbackRejected
 
     with serve(api.app) as url, FeedbackClient(url, api.key) as client:
         with pytest.raises(FeedbackRejected, match="422") as err:
