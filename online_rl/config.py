@@ -22,6 +22,8 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from online_rl.errors import ConfigError
+from online_rl.flow.errors import RewardRuleError
+from online_rl.flow.rewards import RewardFunctionSpec, RewardRule
 
 if TYPE_CHECKING:
     from online_rl.bus.topics import Topics
@@ -37,6 +39,7 @@ __all__ = [
     "MlflowConfig",
     "ModelConfig",
     "RayConfig",
+    "RewardsConfig",
     "RolloutConfig",
     "Settings",
     "TrainerConfig",
@@ -571,6 +574,39 @@ class HybridConfig(BaseModel):
         return self
 
 
+class RewardsConfig(BaseModel):
+    """Rewards written as code (docs/rewards.md): the reward functions of the rollout flow, and how their
+    scores combine with users' feedback and the learned reward model."""
+
+    functions: list[RewardFunctionSpec] = Field(
+        default_factory=list,
+        description="Reward functions, each {name, target: 'package.module:function', weight (1), batched "
+        "(false), timeout_s (10), gate (empty)}; they run in a Ray actor, out of the trainer's process.",
+    )
+    weights: dict[str, float] = Field(
+        default_factory=lambda: {"reward_model": 1.0},
+        description="Weights of the built-in sources: 'feedback' (users' feedback) and 'reward_model' (the "
+        "learned reward model); a function's weight is its own `weight`. When a rollout lacks some sources, "
+        "the others' weights are scaled up to the same total.",
+    )
+    gate_failed: float = Field(
+        default=0.0, allow_inf_nan=False,
+        description="The reward of a rollout that scores below a function's `gate`.",
+    )
+
+    @model_validator(mode="after")
+    def _check_rule(self) -> RewardsConfig:
+        try:
+            self.rule()
+        except RewardRuleError as exc:
+            raise ValueError(f"rewards.{exc}") from exc
+        return self
+
+    def rule(self) -> RewardRule:
+        """The combination rule these settings declare."""
+        return RewardRule.from_specs(self.functions, self.weights, self.gate_failed)
+
+
 class RolloutConfig(BaseModel):
     """The canary rollout plan the gateway's controller runs (online_rl/rollout)."""
 
@@ -762,6 +798,7 @@ class Settings(BaseSettings):
     ray: RayConfig = Field(default_factory=RayConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     hybrid: HybridConfig = Field(default_factory=HybridConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
 

@@ -1,14 +1,16 @@
 """The dead-letter topic: where a record that cannot be used goes, with why and where it came from.
 
 The original key and bytes are kept as they were; headers carry the reason and the source
-coordinates, so an operator can inspect, fix and replay it.
+coordinates, so an operator can inspect, fix and replay it. Something that never was a record on the bus
+(a rollout a reward function failed on) goes there as JSON (`send_json`), with the reason in the headers.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterable
-from typing import TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 from online_rl.bus.base import Producer, Record
 from online_rl.errors import DecodeError
@@ -44,6 +46,22 @@ class DeadLetters:
                 ("source.partition", str(record.partition).encode()),
                 ("source.offset", str(record.offset).encode()),
                 ("component", self._component.encode()),
+            ],
+        )
+        self.count += 1
+
+    def send_json(self, payload: Mapping[str, Any], reason: str, key: bytes | None = None) -> None:
+        """Dead-letter something that was never read from the bus: `payload` as UTF-8 JSON (a value JSON
+        cannot hold is written as its str()), with the reason and this component in the headers."""
+        logger.debug("dead-lettering a %s payload: %s", self._component, reason)
+        self._producer.produce(
+            self._topic,
+            json.dumps(payload, default=str).encode(),
+            key,
+            headers=[
+                ("reason", reason.encode()[:2000]),
+                ("component", self._component.encode()),
+                ("content-type", b"application/json"),
             ],
         )
         self.count += 1

@@ -1,0 +1,3 @@
+"""A module whose import raises, for the loading test."""
+
+raise RuntimeError("broken on purpose")
