@@ -1,11 +1,28 @@
 """The mathematics of learning from feedback: losses, advantages and log-probabilities.
 
 Pure torch, kept free of Ray, Kafka and MLflow so it can be read and tested on its own: DPO/IPO for
-preference pairs, KTO for thumbs, PPO (GAE, clipped losses, KL control) for scalar rewards, a
-Bradley-Terry reward model, and the padding-free log-probability computation they all share.
+preference pairs, KTO for thumbs, PPO (GAE, clipped losses, KL control) for scalar rewards, GRPO, RLOO
+and REINFORCE++ (critic-free advantages from groups of answers), a Bradley-Terry reward model, and the
+padding-free log-probability computation they all share.
 """
 
-from online_rl.algos.config import DPOConfig, KLControlConfig, KTOConfig, PPOConfig, RewardModelConfig
+from online_rl.algos.config import (
+    CriticFreeConfig,
+    DPOConfig,
+    KLControlConfig,
+    KTOConfig,
+    PPOConfig,
+    RewardModelConfig,
+)
+from online_rl.algos.critic_free import (
+    CriticFreeBatch,
+    critic_free_advantages,
+    critic_free_loss,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    zero_variance_groups,
+)
 from online_rl.algos.dpo import PreferenceLoss, dpo_loss
 from online_rl.algos.kto import KTOLoss, kto_loss, kto_reference_point, mismatched_pairs
 from online_rl.algos.logprobs import (
@@ -40,6 +57,8 @@ from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_lo
 __all__ = [
     "AdaptiveKLController",
     "Advantages",
+    "CriticFreeBatch",
+    "CriticFreeConfig",
     "DPOConfig",
     "KLControlConfig",
     "KTOConfig",
@@ -58,10 +77,13 @@ __all__ = [
     "bradley_terry_loss",
     "causal_lm",
     "completion_logprobs",
+    "critic_free_advantages",
+    "critic_free_loss",
     "dpo_loss",
     "entropy_from_logits",
     "forward",
     "gae",
+    "grpo_advantages",
     "hidden_states",
     "kl_penalty",
     "kto_loss",
@@ -74,7 +96,10 @@ __all__ = [
     "ppo_advantages",
     "reference_adapter_disabled",
     "reference_policy",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
     "token_rewards",
     "value_loss",
     "whiten_advantages",
+    "zero_variance_groups",
 ]

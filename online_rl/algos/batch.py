@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from online_rl.algos.anchor import token_kl
-from online_rl.algos.config import DPOConfig, KTOConfig, RewardModelConfig
+from online_rl.algos.config import CriticFreeConfig, DPOConfig, KTOConfig, RewardModelConfig
+from online_rl.algos.critic_free import critic_free_loss
 from online_rl.algos.dpo import PreferenceLoss, dpo_loss
 from online_rl.algos.kto import KTOLoss, kto_loss, kto_reference_point, mismatched_pairs
 from online_rl.algos.logprobs import (
@@ -29,6 +30,7 @@ from online_rl.algos.logprobs import (
     pack,
     reference_policy,
 )
+from online_rl.algos.ppo import PolicyLoss
 from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_loss
 from online_rl.hardware import Precision
 
@@ -38,6 +40,7 @@ __all__ = [
     "TokenIds",
     "anchor_kl_batch_loss",
     "autocast",
+    "critic_free_batch_loss",
     "dpo_batch_loss",
     "implicit_rewards",
     "kto_batch_loss",
@@ -112,6 +115,27 @@ def kto_batch_loss(model: Any, samples: Sequence[tuple[TokenIds, TokenIds, bool]
     reference_point = kto_reference_point(policy[1::2].detach(), ref[1::2], mean)
     desirable = torch.tensor([up for _, _, up in samples], dtype=torch.bool, device=policy.device)
     return kto_loss(policy[0::2], ref[0::2], desirable, reference_point, config)
+
+
+def critic_free_batch_loss(model: Any, groups: Sequence[tuple[TokenIds, Sequence[TokenIds]]],
+                           advantages: torch.Tensor, config: CriticFreeConfig,
+                           old_logprobs: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+                           precision: Precision = "fp32", reference: str | None = None) -> PolicyLoss:
+    """GRPO/RLOO/REINFORCE++ on groups of answers: (prompt, its n answers). The n answers are branches
+    after one copy of their prompt, so a prompt costs one pass however many answers it has.
+
+    Answers are numbered group by group. `advantages` is one per answer, or (answers, longest) per
+    token; `old_logprobs` (answers, longest), right-padded, are the sampling policy's (None: this
+    policy's, detached, as on the first pass over fresh rollouts)."""
+    batch = pack([Sample(prompt, tuple(answers)) for prompt, answers in groups])
+    batch = batch.to(next(model.parameters()).device)
+    ref = None
+    if config.beta > 0:
+        ref, _ = batch.padded(reference_logprobs(model, batch, precision, reference).token_logprobs)
+    with autocast(precision, _device(model)):
+        policy, mask = batch.padded(forward(model, batch).token_logprobs)
+    old = policy.detach() if old_logprobs is None else old_logprobs.to(policy.device)
+    return critic_free_loss(policy, old, advantages.to(policy.device), mask, config, ref, keep)
 
 
 @dataclass(frozen=True)

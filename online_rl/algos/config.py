@@ -11,10 +11,12 @@ from typing import Literal
 
 from online_rl.errors import ConfigError
 
-__all__ = ["DPOConfig", "KLControlConfig", "KTOConfig", "PPOConfig", "RewardModelConfig"]
+__all__ = ["CriticFreeConfig", "DPOConfig", "KLControlConfig", "KTOConfig", "PPOConfig", "RewardModelConfig"]
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLEstimator = Literal["k1", "k2", "k3"]
+Estimator = Literal["grpo", "rloo", "reinforce++", "reinforce++-baseline"]
+CriticFreeAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 def _positive(owner: str, name: str, value: float, example: str) -> None:
@@ -147,3 +149,79 @@ class RewardModelConfig:
             raise ConfigError(f"reward_model.margin={self.margin} must be >= 0, e.g. 0.0")
         if not self.center_coef >= 0:
             raise ConfigError(f"reward_model.center_coef={self.center_coef} must be >= 0, e.g. 0.01")
+
+
+@dataclass(frozen=True)
+class CriticFreeConfig:
+    """GRPO, RLOO and REINFORCE++: advantages from the other answers, no value head."""
+
+    estimator: Estimator = field(
+        default="grpo", metadata={"help": "grpo, rloo, reinforce++ or reinforce++-baseline."}
+    )
+    group_size: int = field(
+        default=4, metadata={"help": "Answers sampled per prompt (GRPO and RLOO need >= 2)."}
+    )
+    scale_rewards: Literal["group", "batch", "none"] = field(
+        default="group",
+        metadata={"help": "GRPO: divide by the group's std ('group'), the batch's ('batch') or not at all "
+                  "('none', Dr. GRPO)."},
+    )
+    normalize: bool = field(default=False, metadata={"help": "RLOO: whiten the advantages over the batch."})
+    drop_zero_variance: bool = field(
+        default=True,
+        metadata={"help": "Leave out groups whose answers all got the same reward (DAPO): no signal."},
+    )
+    clip_low: float = field(default=0.2, metadata={"help": "Ratio clip below 1: r >= 1 - clip_low."})
+    clip_high: float = field(
+        default=0.28,
+        metadata={"help": "Ratio clip above 1 (DAPO's clip-higher: > clip_low keeps exploring)."},
+    )
+    loss_aggregation: CriticFreeAggregation = field(
+        default="token-mean",
+        metadata={"help": "token-mean (DAPO's token-level loss), seq-mean-token-mean (GRPO's paper) or "
+                  "seq-mean-token-sum-norm (Dr. GRPO; divides by batch x max_tokens)."},
+    )
+    max_tokens: int = field(
+        default=64, metadata={"help": "The constant of seq-mean-token-sum-norm: the longest answer sampled."}
+    )
+    ratio_level: Literal["token", "sequence"] = field(
+        default="token",
+        metadata={"help": "Clip each token's ratio ('token') or the answer's whole ratio exp(sum of token "
+                  "log-ratios), one loss per answer ('sequence', RLOO's original form)."},
+    )
+    beta: float = field(
+        default=0.0, metadata={"help": "Weight of the k3 KL to the reference inside the loss (GRPO), >= 0."}
+    )
+    kl_ratio_correction: bool = field(
+        default=True,
+        metadata={"help": "Weigh each token's KL term by its ratio pi/pi_old, so its gradient is the "
+                  "unbiased reverse-KL gradient on tokens the old policy sampled (DeepSeek-V3.2; TRL's "
+                  "default)."},
+    )
+    kl_coef: float = field(
+        default=0.0,
+        metadata={"help": "RLOO and REINFORCE++: weight of the k1 KL to the reference in the reward (summed "
+                  "over the answer for RLOO, per token for REINFORCE++), >= 0."},
+    )
+    gamma: float = field(default=1.0, metadata={"help": "REINFORCE++: discount per token, in (0, 1]."})
+    eps: float = field(default=1e-4, metadata={"help": "Added to the std before dividing."})
+
+    def __post_init__(self) -> None:
+        _one_of("critic_free", "estimator", self.estimator,
+                ("grpo", "rloo", "reinforce++", "reinforce++-baseline"))
+        _one_of("critic_free", "scale_rewards", self.scale_rewards, ("group", "batch", "none"))
+        _one_of("critic_free", "ratio_level", self.ratio_level, ("token", "sequence"))
+        _one_of("critic_free", "loss_aggregation", self.loss_aggregation,
+                ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+        if self.group_size < 1 or (self.estimator in ("grpo", "rloo") and self.group_size < 2):
+            raise ConfigError(f"critic_free.group_size={self.group_size}: {self.estimator} compares answers "
+                              "to the same prompt, so it needs >= 2 per prompt, e.g. 4")
+        _within("critic_free", "clip_low", self.clip_low, 0.0, 1.0, "0.2")
+        _positive("critic_free", "clip_high", self.clip_high, "0.28")
+        if self.max_tokens < 1:
+            raise ConfigError(f"critic_free.max_tokens={self.max_tokens} must be >= 1, e.g. 64")
+        if not self.beta >= 0 or not self.kl_coef >= 0:
+            raise ConfigError("critic_free.beta and critic_free.kl_coef must be >= 0, e.g. 0.0 and 0.01")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ConfigError(f"critic_free.gamma={self.gamma} must lie in (0, 1], e.g. 1.0")
+        _positive("critic_free", "eps", self.eps, "1e-4")
