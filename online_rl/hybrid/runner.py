@@ -3,29 +3,28 @@
 Reads the joined samples (`orl.samples`): every sample's prompt joins the prompt window, every
 preference pair teaches the reward model. Once `hybrid.min_pairs` pairs have been seen, each
 iteration runs `ColocatedPPO.step`; every `hybrid.publish_every_steps` iterations the adapter is
-sealed with its lineage (the sample offsets it learned from, the reward model's pairs), registered
-as a new version and given the `challenger` alias, so the gateway's canary takes it from there.
-Offsets are committed after a publish. The reward model and the PPO state live in memory: a restart
-begins again from the last committed offsets (see docs/hybrid.md).
+published through the run's `TrainingRun` (online_rl/registry/runs.py, the trainer's path too): sealed
+with its complete lineage (the sample offsets read since the last version, the versions that served
+and the reward mappings that scored the samples it used, its parent), registered as a new version and
+given the `challenger` alias, so the gateway's canary takes it from there. Offsets are committed after
+a publish. The reward model and the PPO state live in memory: a restart begins again from the last
+committed offsets (see docs/hybrid.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from online_rl.bus import Bus, CommitFailed, TopicPartition, open_bus
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
-from online_rl.registry import PublishedVersion, load_signing_key, publish_adapter, write_lineage
+from online_rl.registry import PublishedVersion, TrainingRun, VersionLineage, offset_ranges, served_by
 from online_rl.stream import Stream
 
 if TYPE_CHECKING:
@@ -46,14 +45,20 @@ class HybridRun:
     history: list[dict[str, float]] = field(default_factory=list)
     offsets: dict[TopicPartition, int] = field(default_factory=dict)
     published_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    # of the samples used since the last publish: the versions that served them, their reward mappings
+    behaviour_versions: set[str] = field(default_factory=set)
+    reward_mapping_versions: set[str] = field(default_factory=set)
 
 
-def _observe(loop: ColocatedPPO, samples: list[TrainingSample], model: str) -> int:
+def _observe(loop: ColocatedPPO, samples: list[TrainingSample], model: str, state: HybridRun) -> int:
+    """Feed the loop the samples' prompts and pairs (those for `model`); the number of pairs."""
     prompts, pairs = [], []
     for sample in samples:
         if sample.model != model or not sample.prompt_token_ids:
             continue
         prompts.append(sample.prompt_token_ids)
+        state.behaviour_versions |= served_by(sample)
+        state.reward_mapping_versions.add(sample.reward_mapping_version)
         if sample.kind == "pair" and sample.chosen is not None and sample.rejected is not None:
             chosen, rejected = sample.chosen.token_ids, sample.rejected.token_ids
             if chosen and rejected and chosen != rejected:
@@ -69,37 +74,26 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
     """Run the loop until `max_steps` iterations, or until `stop` is set. `on_ready` is called once
     before the first iteration, `on_step` after each (for evaluations and progress)."""
     from online_rl.hybrid.loop import ColocatedPPO
-    from online_rl.tracking import ensure_experiment, mlflow_client
 
     if not (settings.model_dir / "config.json").is_file():
         raise ConfigError(f"model.path={settings.model_dir} holds no model (no config.json): run "
                           "`online-rl model prepare` for the embedded default, or set model.path")
     config = settings.hybrid
-    key_file = settings.mlflow.signing_key_file  # read now: a bad key fails the start, not a publish
-    signing_key = load_signing_key(key_file) if key_file is not None else None
     bus = bus or open_bus(settings)
     topics = settings.topics
     topic = topics.samples
     stream: Stream[TrainingSample] = Stream.from_topic(topic, bus, dlq_topic=topics.dlq,
                                                        group_id=config.group_id)
-    client = mlflow_client(settings)
-    resolved = config.model_dump(mode="json") | {
-        f"lora_{k}": v for k, v in settings.trainer.model_dump(mode="json").items() if k in ("rank", "alpha")}
-    config_hash = hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:16]
-    experiment = ensure_experiment(client, config.experiment, settings)
-    mlflow_run = client.create_run(experiment, tags={"component": "hybrid", "config_hash": config_hash,
-                                                     "base_model": settings.model.name})
-    run_id = mlflow_run.info.run_id
-    from mlflow.entities import Param
-
-    client.log_batch(run_id, params=[Param(k, str(v)[:500]) for k, v in sorted(resolved.items())])
     state = HybridRun()
     loop: ColocatedPPO | None = None
+    run: TrainingRun | None = None
     failed = True
     try:
         loop = ColocatedPPO(settings)
+        # opened once the policy's precision is resolved: it is part of the config (and its hash)
+        run = TrainingRun.open(settings, "hybrid", loop.group.precision)
         for batch in stream.batch(256, timeout=0.5, idle_batches=True):
-            state.pairs += _observe(loop, batch.items, settings.model.name)
+            state.pairs += _observe(loop, batch.items, settings.model.name, state)
             state.samples += len(batch.items)
             for tp, end in batch.offsets.items():
                 state.offsets[tp] = max(state.offsets.get(tp, 0), end)
@@ -114,20 +108,23 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
                 metrics = loop.step()
                 state.steps += 1
                 state.history.append(metrics)
-                client.log_batch(run_id, metrics=_metrics(metrics, state.steps))
+                run.log_metrics(metrics, state.steps, prefix="hybrid_")
                 if on_step is not None:
                     on_step(loop, metrics)
                 if state.steps % config.publish_every_steps == 0:
-                    _publish(settings, client, run_id, loop, state, config_hash, signing_key)
+                    _publish(settings, run, loop, state)
                     _commit(stream, state)
             if (max_steps is not None and state.steps >= max_steps) or (stop is not None and stop.is_set()):
                 break
         failed = False
     finally:
         stream.close()
-        if loop is not None:
-            loop.close()
-        client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
+        try:
+            if run is not None:
+                run.close(failed)
+        finally:
+            if loop is not None:
+                loop.close()
     return state
 
 
@@ -146,33 +143,21 @@ def _commit(stream: Stream[TrainingSample], state: HybridRun) -> None:
                        extra={"event": "commit_refused", "step": state.steps})
 
 
-def _metrics(values: dict[str, float], step: int) -> list[Any]:
-    import time
-
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    return [Metric(f"hybrid_{k}", float(v), now, step) for k, v in values.items()]
-
-
-def _publish(settings: Settings, client: Any, run_id: str, loop: ColocatedPPO, state: HybridRun,
-             config_hash: str, signing_key: Any) -> None:
-    offsets: dict[str, dict[str, list[int]]] = {}
-    for tp, end in sorted(state.offsets.items()):
-        first = state.published_offsets.get(tp, 0)
-        if end > first:
-            offsets.setdefault(tp.topic, {})[str(tp.partition)] = [first, end]
+def _publish(settings: Settings, run: TrainingRun, loop: ColocatedPPO, state: HybridRun) -> None:
     recent = state.history[-settings.hybrid.publish_every_steps:]
-    evaluation = {f"train_{k}": sum(m[k] for m in recent) / len(recent) for k in ("reward", "kl")}
-    with tempfile.TemporaryDirectory(prefix="orl-hybrid-") as tmp:
-        folder = Path(tmp) / "adapter"
+    lineage = VersionLineage(
+        offsets=offset_ranges(state.offsets, state.published_offsets),
+        behaviour_versions=state.behaviour_versions, reward_mapping_versions=state.reward_mapping_versions,
+        parent_version=state.published[-1].serving_name if state.published else None,
+        eval={f"train_{k}": sum(m[k] for m in recent) / len(recent) for k in ("reward", "kl")},
+        kl_anchor="base")  # the reference of the KL penalty: the base (the adapter disabled)
+
+    def save(folder: Path) -> None:
         loop.save_adapter(str(folder))
-        parent = state.published[-1].serving_name if state.published else None
-        write_lineage(folder, settings.model.name, signing_key, offsets=offsets, parent_version=parent,
-                      config_hash=config_hash, eval=evaluation)
-        published = publish_adapter(client, run_id, folder, settings.mlflow.registered_model,
-                                    artifact_path=f"hybrid/step-{state.steps:09d}")
+
+    published = run.publish(save, lineage, artifact_path=f"hybrid/step-{state.steps:09d}")
     state.published.append(published)
     state.published_offsets = dict(state.offsets)
+    state.behaviour_versions, state.reward_mapping_versions = set(), set()
     logger.info("hybrid published %s at step %d", published.serving_name, state.steps,
                 extra={"event": "published", "version": published.version, "step": state.steps})

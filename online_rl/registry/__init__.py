@@ -1,4 +1,5 @@
-"""Adapter versions: lineage manifests, the MLflow registry, and who may do what in it."""
+"""Adapter versions: lineage manifests, training runs and the one path that publishes their versions to
+the MLflow registry, and who may do what in it."""
 
 from online_rl.registry.access import (
     Credentials,
@@ -31,28 +32,52 @@ from online_rl.registry.publish import (
     publish_adapter,
     serving_name,
 )
+from online_rl.registry.runs import (
+    BASE_BEHAVIOUR,
+    Component,
+    TrainingRun,
+    VersionLineage,
+    adapter_config,
+    base_fingerprint,
+    config_hash,
+    offset_ranges,
+    resolved_config,
+    run_params,
+    served_by,
+)
 
 __all__ = [
     "ADAPTER_WEIGHTS",
+    "BASE_BEHAVIOUR",
     "LINEAGE_NAME",
     "AdapterRejected",
+    "Component",
     "Credentials",
     "LineageManifest",
     "PublishedVersion",
     "RegistryAccessError",
     "RegistryAuth",
+    "TrainingRun",
+    "VersionLineage",
+    "adapter_config",
     "adapter_files",
     "alias_version",
+    "base_fingerprint",
     "check_version_source",
+    "config_hash",
     "download_version",
     "file_sha256",
     "folder_files",
     "grant_access",
     "load_signing_key",
     "new_signing_key",
+    "offset_ranges",
     "public_key_text",
     "publish_adapter",
     "read_lineage",
+    "resolved_config",
+    "run_params",
+    "served_by",
     "serving_name",
     "use_credentials",
     "verify_adapter_dir",

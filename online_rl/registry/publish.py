@@ -64,6 +64,7 @@ def publish_adapter(client: MlflowClient, run_id: str, folder: Path, registered_
     source = f"{client.get_run(run_id).info.artifact_uri}/{artifact_path}"
     tags = {
         "base_model": manifest.base_model,
+        "base_model_sha256": manifest.base_model_sha256 or "",
         "adapter_sha256": manifest.adapter_sha256,
         "reward_mapping_version": manifest.reward_mapping_version or "",
         "behaviour_versions": ",".join(manifest.behaviour_versions),
@@ -72,6 +73,9 @@ def publish_adapter(client: MlflowClient, run_id: str, folder: Path, registered_
         "offsets": ";".join(f"{topic}/{part}:{first}-{end}"
                             for topic, parts in sorted(manifest.offsets.items())
                             for part, (first, end) in sorted(parts.items())),
+        "kl_anchor": manifest.kl_anchor or "",
+        "signer": manifest.signer or "",
+        "signature": manifest.signature or "",
         **{f"eval.{name}": f"{value:.6g}" for name, value in manifest.eval.items()},
     }
     created = client.create_model_version(registered_model, source=source, run_id=run_id, tags=tags)

@@ -14,10 +14,8 @@ it as a new version and points the `challenger` alias at it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -30,17 +28,17 @@ from online_rl.algos import AdaptiveKLController
 from online_rl.bus import Bus, CommitFailed, DeadLetters, TopicPartition, open_bus
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
-from online_rl.hardware import machine_line
 from online_rl.registry import (
     LINEAGE_NAME,
     PublishedVersion,
+    TrainingRun,
+    VersionLineage,
     adapter_files,
     alias_version,
     file_sha256,
-    load_signing_key,
-    publish_adapter,
+    folder_files,
+    offset_ranges,
     serving_name,
-    write_lineage,
 )
 from online_rl.stream import Batch, Stream
 from online_rl.trainer.checkpoint import Checkpoint, CheckpointStore
@@ -51,8 +49,6 @@ from online_rl.trainer.ppo import advantages_for, ppo_config
 from online_rl.trainer.samples import Routed, anchor_sequences, held_out, load_cold_start, route
 
 if TYPE_CHECKING:
-    from mlflow import MlflowClient
-
     from online_rl.config import Settings
     from online_rl.trainer.group import WorkerGroup
 
@@ -120,10 +116,6 @@ class TrainerState:
         )
 
 
-def _config_hash(config: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 class Trainer:
     """The long-running trainer over `settings` (bus, MLflow, Ray and `settings.trainer`)."""
 
@@ -133,14 +125,12 @@ class Trainer:
         self.bus = bus or open_bus(settings)
         self.topics = settings.topics
         self.store = CheckpointStore(settings.checkpoint_dir, keep=self.config.keep_checkpoints)
-        self.resolved = self.config.model_dump(mode="json")
-        self.config_hash = _config_hash(self.resolved)
+        self.resolved = self.config.model_dump(mode="json")  # what the workers are built from
         self.ppo_config = ppo_config(self.resolved)
         self.published: list[PublishedVersion] = []
         self.metrics = TrainerMetrics()
         self._group: WorkerGroup | None = None
-        self._client: MlflowClient | None = None
-        self._run_id: str | None = None
+        self._run: TrainingRun | None = None
         self.state: TrainerState | None = None  # while running: the live state (read-only for others)
         self._publish_requested = threading.Event()
 
@@ -148,7 +138,6 @@ class Trainer:
     def _start(self) -> TrainerState:
         """Workers up, an MLflow run open, the references loaded; the state to resume from."""
         from online_rl.ray_runtime import init_ray
-        from online_rl.tracking import ensure_experiment, mlflow_client
         from online_rl.trainer.group import WorkerGroup
 
         if not (self.settings.model_dir / "config.json").is_file():
@@ -158,20 +147,8 @@ class Trainer:
         self._group = WorkerGroup(self.settings, self.resolved)
         self.context = self._group.context_length()
         self.vocab = self._group.vocab_size()
-        self._client = client = mlflow_client(self.settings)
-        experiment = ensure_experiment(client, self.config.experiment, self.settings)
-        run = client.create_run(experiment, tags={"component": "trainer", "config_hash": self.config_hash,
-                                                  "base_model": self.settings.model.name})
-        self._run_id = run.info.run_id
-        flat = {k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in self.resolved.items()}
-        choice = self._group.precision  # what `precision` resolved to on the workers' device, and why
-        flat |= {"base_model": self.settings.model.name, "precision_resolved": choice.precision,
-                 "precision_reason": choice.reason,
-                 "machine": choice.machine or machine_line(choice.precision)}
-        client.log_batch(self._run_id, params=_params(flat))
-        self.base_sha256 = _base_fingerprint(self.settings.model_dir)
-        key_file = self.settings.mlflow.signing_key_file
-        self.signing_key = load_signing_key(key_file) if key_file is not None else None
+        # the run's params: the resolved config, with what `precision` resolved to on the workers' device
+        self._run = run = TrainingRun.open(self.settings, "trainer", self._group.precision)
         self.cold_start: list[TrainingSample] = []
         if self.config.cold_start is not None and self.config.cold_start_weight > 0:
             self.cold_start = load_cold_start(self.config.cold_start, self.config.algorithm,
@@ -186,7 +163,7 @@ class Trainer:
                                state.eval_entries if self.config.eval_holdout > 0 else [])
         self._refresh_anchor()
         if state.parent_version_number is not None and self.config.eval_holdout > 0:
-            self._group.set_baseline(adapter_files(client, self.settings.mlflow.registered_model,
+            self._group.set_baseline(adapter_files(run.client, self.settings.mlflow.registered_model,
                                                    state.parent_version_number))
         return state
 
@@ -194,7 +171,7 @@ class Trainer:
         checkpoint = self.store.load_latest()
         if checkpoint is None:
             logger.info("trainer starting fresh (no checkpoint in %s)", self.store.root,
-                        extra={"event": "start", "step": 0, "run_id": self._run_id})
+                        extra={"event": "start", "step": 0, "run_id": self.mlflow_run.run_id})
             return TrainerState(kl_coef=self.config.kl_coef)
         ends = self.bus.end_offsets(self.topics.samples)
         ahead = {tp: offset for tp, offset in checkpoint.offsets.items()
@@ -209,7 +186,7 @@ class Trainer:
         self.group.restore(checkpoint)
         logger.info("trainer resumed from step %d at offsets %s", checkpoint.step, checkpoint.offsets,
                     extra={"event": "resume", "step": checkpoint.step, "samples": checkpoint.samples,
-                        "run_id": self._run_id, "offsets": _offsets_field(checkpoint.offsets)})
+                        "run_id": self.mlflow_run.run_id, "offsets": _offsets_field(checkpoint.offsets)})
         state = TrainerState.from_checkpoint(checkpoint)
         if self.config.kl_target is None or not state.kl_coef:  # fixed (or never adapted): the config's
             state.kl_coef = self.config.kl_coef
@@ -321,10 +298,9 @@ class Trainer:
     def close(self, failed: bool = False) -> None:
         """End the MLflow run and stop the policy workers (their CPUs go back to Ray)."""
         try:
-            if self._client and self._run_id:
-                self._client.set_terminated(self._run_id, status="FAILED" if failed else "FINISHED")
+            if self._run is not None:
+                self._run.close(failed)
         finally:
-            self._run_id = None
             if self._group is not None:
                 self._group.close()
                 self._group = None
@@ -334,6 +310,18 @@ class Trainer:
         if self._group is None:
             raise RuntimeError("the trainer's workers are not running (call run)")
         return self._group
+
+    @property
+    def mlflow_run(self) -> TrainingRun:
+        """This lifetime's MLflow run (kept, finished, after `run` returns)."""
+        if self._run is None:
+            raise RuntimeError("the trainer has not opened its MLflow run (call run)")
+        return self._run
+
+    @property
+    def config_hash(self) -> str:
+        """The hash of the resolved config its versions carry (known once the run is open)."""
+        return self.mlflow_run.config_hash
 
     def _score(self, items: list[TrainingSample], records: list[Any],
                dead: DeadLetters) -> tuple[Routed, Routed]:
@@ -361,8 +349,6 @@ class Trainer:
 
     def _update(self, state: TrainerState, routed: Routed) -> bool:
         """One update on `routed`; False (and nothing counted) when its loss or gradient was not finite."""
-        from mlflow.entities import Metric
-
         logger.info("step %d started: %d samples", state.step + 1, routed.trained,
                     extra={"event": "step_started", "step": state.step + 1, "batch": routed.trained})
         metrics: dict[str, float] = {}
@@ -388,10 +374,7 @@ class Trainer:
         self.metrics.lag.set(metrics["lag"])
         self.metrics.loss.set(metrics["loss"])
         self.metrics.step_seconds.observe(metrics["step_s"])
-        now = int(time.time() * 1000)
-        assert self._client is not None and self._run_id is not None
-        rows = [Metric(k, float(v), now, state.step) for k, v in metrics.items()]
-        self._client.log_batch(self._run_id, metrics=rows)
+        self.mlflow_run.log_metrics(metrics, state.step)
         logger.info("step %d: %d samples, loss %.4f, %.0f tokens/s", state.step, routed.trained,
                     metrics["loss"], metrics["tokens_per_s"],
                     extra={"event": "step", "step": state.step, "batch": routed.trained} | metrics)
@@ -438,30 +421,24 @@ class Trainer:
                             "offsets": _offsets_field(state.offsets)})
 
     def _publish(self, state: TrainerState) -> PublishedVersion:
-        assert self._client is not None and self._run_id is not None
-        offsets: dict[str, dict[str, list[int]]] = {}
-        for tp, end in sorted(state.offsets.items()):
-            first = state.published_offsets.get(tp, 0)
-            if end > first:
-                offsets.setdefault(tp.topic, {})[str(tp.partition)] = [first, end]
+        offsets = offset_ranges(state.offsets, state.published_offsets)
         evaluation = {f"train_{k}": sum(v) / len(v) for k, v in state.recent.items()
                       if k in ("dpo_accuracy", "dpo_margin", "kto_reward", "loss")}
         if self.evalset:  # the version's own held-out figures
             evaluation |= self._evaluate(state, publishing=True)
-        with tempfile.TemporaryDirectory(prefix="orl-publish-") as tmp:
-            folder = Path(tmp) / "adapter"
+        lineage = VersionLineage(offsets=offsets, behaviour_versions=state.behaviour_versions,
+                                 reward_mapping_versions=state.reward_mapping_versions,
+                                 parent_version=state.parent_version, eval=evaluation,
+                                 cold_start=self._cold_start_lineage(state), kl_anchor=self.kl_anchor)
+
+        def save(folder: Path) -> None:
             self.group.save_adapter(str(folder))
-            write_lineage(folder, self.settings.model.name, self.signing_key,
-                          base_model_sha256=self.base_sha256, offsets=offsets,
-                          reward_mapping_version=",".join(sorted(state.reward_mapping_versions)) or None,
-                          behaviour_versions=sorted(state.behaviour_versions),
-                          parent_version=state.parent_version, config_hash=self.config_hash, eval=evaluation,
-                          cold_start=self._cold_start_lineage(state), kl_anchor=self.kl_anchor)
-            published = publish_adapter(self._client, self._run_id, folder,
-                                        self.settings.mlflow.registered_model,
-                                        artifact_path=f"adapters/step-{state.step:09d}")
-            if self.config.eval_holdout > 0:  # the next evaluations compare with this version
-                self.group.set_baseline({f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()})
+
+        def compare_with(folder: Path) -> None:  # the next evaluations compare with this version
+            self.group.set_baseline(folder_files(folder))
+
+        published = self.mlflow_run.publish(save, lineage, artifact_path=f"adapters/step-{state.step:09d}",
+                                            then=compare_with if self.config.eval_holdout > 0 else None)
         state.parent_version, state.parent_version_number = published.serving_name, published.version
         state.eval_gain_due = False
         self._publish_requested.clear()
@@ -480,17 +457,12 @@ class Trainer:
 
     def _evaluate(self, state: TrainerState, publishing: bool = False) -> dict[str, float]:
         """Score the held-out set; log it; flag a publish when the gain over the last version is enough."""
-        from mlflow.entities import Metric
-
         result = self.group.evaluate(self.evalset.pairs, self.evalset.thumbs)
         gain = eval_gain(result)
         threshold = self.config.publish_on_eval_gain
         if not publishing and threshold is not None and gain >= threshold:
             state.eval_gain_due = True
-        assert self._client is not None and self._run_id is not None
-        now = int(time.time() * 1000)
-        self._client.log_batch(self._run_id, metrics=[Metric(k, float(v), now, state.step)
-                                                      for k, v in (result | {"eval_gain": gain}).items()])
+        self.mlflow_run.log_metrics(result | {"eval_gain": gain}, state.step)
         logger.info("step %d: held-out score %.4f (%+.4f over the last version) on %d samples", state.step,
                     result["eval_score"], gain, len(self.evalset),
                     extra={"event": "eval", "step": state.step, "eval_gain": gain} | result)
@@ -500,12 +472,12 @@ class Trainer:
         """With `kl_anchor: champion`, hold the KL term to the version the `champion` alias names now."""
         if self.config.kl_anchor != "champion":
             return
-        assert self._client is not None
+        client = self.mlflow_run.client
         registered = self.settings.mlflow.registered_model
-        version = alias_version(self._client, registered, "champion")
+        version = alias_version(client, registered, "champion")
         if version == self.anchor_version:
             return
-        files = adapter_files(self._client, registered, version) if version is not None else None
+        files = adapter_files(client, registered, version) if version is not None else None
         if files is not None:
             base = json.loads(files[LINEAGE_NAME]).get("base_model")
             if base != self.settings.model.name:
@@ -555,17 +527,3 @@ def drop_trained(batch: Batch[Any], trained_up_to: Mapping[TopicPartition, int])
 
 def _offsets_field(offsets: Mapping[TopicPartition, int]) -> dict[str, int]:
     return {f"{tp.topic}/{tp.partition}": offset for tp, offset in sorted(offsets.items())}
-
-
-def _params(values: dict[str, str]) -> list[Any]:
-    from mlflow.entities import Param
-
-    return [Param(k, v[:6000]) for k, v in values.items()]
-
-
-def _base_fingerprint(model_dir: Path) -> str:
-    """sha256 over the base model's weight files (name and hash of each)."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        digest.update(f"{path.name}:{file_sha256(path)}\n".encode())
-    return digest.hexdigest()

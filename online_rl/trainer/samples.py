@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from online_rl.algos import mismatched_pairs
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
+from online_rl.registry.runs import served_by
 
 __all__ = ["Algorithm", "Anchor", "Rollout", "Routed", "Shard", "anchor_sequences", "held_out",
            "load_cold_start", "route", "shard"]
@@ -130,7 +131,7 @@ def route(samples: Sequence[TrainingSample], algorithm: Algorithm, base_model: s
         else:
             routed.skipped += 1
             continue
-        routed.behaviour_versions.update(v or "base" for v in sample.behaviour_versions)
+        routed.behaviour_versions |= served_by(sample)
         routed.reward_mapping_versions.add(sample.reward_mapping_version)
     return routed
 

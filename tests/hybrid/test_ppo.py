@@ -5,6 +5,7 @@ registered MLflow version."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from online_rl.bus.kafka import KafkaBus
 from online_rl.config import Settings
 from online_rl.events import Completion, Message, TrainingSample, encode
 from online_rl.simulate import PROMPTS
+from tests.registry.test_runs import assert_complete_lineage
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -122,5 +124,18 @@ def test_ppo_on_fresh_rollouts_raises_the_learned_reward_within_the_kl_target(
     folder = Path(client.download_artifacts(version.run_id, "hybrid", str(tmp_path / "dl")))
     lineage = read_lineage(next(folder.iterdir()))
     assert sum(end - first for first, end in lineage.offsets[topics.samples].values()) == len(samples)
+    # the complete lineage, in lineage.json and as the version's tags, like the trainer's versions
+    assert_complete_lineage(lineage, version.tags)
+    assert lineage.behaviour_versions == ["base"] and lineage.reward_mapping_version == "test"
+    assert lineage.parent_version is None and lineage.kl_anchor == "base"
+    run = client.get_run(version.run_id)
+    assert lineage.config_hash == run.data.tags["config_hash"] and run.data.tags["component"] == "hybrid"
+    # the resolved config: the hybrid's section, the adapter's shape (from trainer.*) and the model
+    lora = settings.trainer
+    assert run.data.params["lora_rank"] == str(lora.lora_rank) and run.data.params["lora_alpha"] == str(
+        lora.lora_alpha)
+    assert run.data.params["lora_targets"] == json.dumps(lora.lora_targets)
+    assert run.data.params["rollout_batch"] == "8" and run.data.params["base_model"] == settings.model.name
+    assert run.data.params["precision_resolved"] == "fp32"
     rewards = client.get_metric_history(version.run_id, "hybrid_reward")
     assert len(rewards) == STEPS

@@ -28,6 +28,7 @@ from online_rl.registry import read_lineage
 from online_rl.trainer import Trainer
 from tests.conftest import TINY_NAME
 from tests.factories import drain
+from tests.registry.test_runs import assert_complete_lineage
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -153,6 +154,10 @@ def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
         assert position == end
     version = client.get_model_version("policy", "2")
     assert version.tags["adapter_sha256"] == manifests[1].adapter_sha256
+    for number, manifest in zip(("1", "2"), manifests, strict=True):  # lineage.json and version tags
+        assert_complete_lineage(manifest, client.get_model_version("policy", number).tags, public)
+        assert manifest.kl_anchor == "base"
+    assert first.config_hash == second.config_hash  # the same resolved config in both lifetimes
 
     base = _margin(tiny_model, None, held_out)
     v1, v2 = (_margin(tiny_model, folder, held_out) for folder in folders)
@@ -185,6 +190,12 @@ def test_the_trainer_learns_from_the_stream_and_registers_better_versions(
 
     run = client.get_run(version.run_id)
     assert run.data.params["batch_size"] == "8" and run.data.params["algorithm"] == "auto"
+    # the fully resolved config: the adapter's shape, the base model, the precision the workers resolved
+    assert run.data.params["lora_rank"] == "8" and run.data.params["lora_alpha"] == "16"
+    assert run.data.params["lora_targets"] == '["q_proj", "k_proj", "v_proj", "o_proj"]'
+    assert run.data.params["base_model"] == TINY_NAME and run.data.params["precision_resolved"] == "fp32"
+    assert run.data.params["precision_reason"] and run.data.params["machine"]
+    assert run.data.tags["config_hash"] == first.config_hash and run.data.tags["component"] == "trainer"
     # one run per lifetime, one loss per step, steps numbered on across the restart
     first_run = client.get_model_version("policy", "1").run_id
     first_steps = [m.step for m in client.get_metric_history(first_run, "loss")]
@@ -255,6 +266,7 @@ def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
     assert manifest.cold_start == {"sha256": file_sha256(cold), "weight": 0.25, "file_samples": 4,
                                    "mixed_in": 2, "loss": loss, "kl_coef": 4.0}
     assert manifest.offsets == {topics.samples: {"0": [0, 8]}} and manifest.kl_anchor == "base"
+    assert_complete_lineage(manifest, client.get_model_version("policy", "1").tags)
     run_id = client.get_model_version("policy", "1").run_id
     if loss == "label":
         assert client.get_metric_history(run_id, "kto_loss")  # the cold thumbs were trained by KTO
@@ -297,6 +309,7 @@ def test_held_out_gains_trigger_publishing_and_the_champion_becomes_the_kl_ancho
 
     v1 = manifest(first.published[0].version)
     assert v1.eval["eval_gain"] >= 0.02 and 1 <= v1.eval["eval_samples"] <= len(held)
+    assert_complete_lineage(v1, client.get_model_version("policy", first.published[0].version).tags)
     from online_rl.trainer import CheckpointStore
 
     latest = CheckpointStore(settings.checkpoint_dir).load_latest()
@@ -359,6 +372,8 @@ def test_ratings_train_ppo_with_a_critic_and_the_version_learns(
     base, v1 = _margin(tiny_model, None, held_out), _margin(tiny_model, folder, held_out)
     assert v1 > base + 1.0, (base, v1)  # PPO moved probability from the low-rated ending to the high
     client = mlflow_client(settings)
+    assert_complete_lineage(read_lineage(next(folder.rglob("lineage.json")).parent),
+                            client.get_model_version("policy", "1").tags)
     run_id = client.get_model_version("policy", "1").run_id
     for name in ("ppo_loss", "value_loss", "ppo_kl", "ppo_reward", "kl_coef"):
         assert client.get_metric_history(run_id, name), name

@@ -1,0 +1,225 @@
+"""A training run in MLflow, and the one path by which its adapter versions reach the registry.
+
+Every driver that trains an adapter (the long-running trainer, the colocated hybrid loop) opens a
+`TrainingRun` once its workers have resolved their precision, logs its metrics through it and publishes
+every version with `TrainingRun.publish`. The run knows:
+
+- the resolved config: the component's section of the settings plus what its weights depend on (the
+  base model, the adapter's LoRA shape and seed from `trainer.*`, the precision the workers resolved),
+  its hash, and the same tree as MLflow params with the precision's reason and the machine;
+- the base model's fingerprint, the signing key and the registered model;
+- how to seal a version: the adapter saved by the driver, a complete lineage manifest (signed when a
+  key is configured), then `publish_adapter` (log, register, alias).
+
+The driver tells it what only the driver knows: the offsets it consumed, the versions that served the
+samples, the reward mappings, the parent version, its evaluation. This module knows nothing about
+training, Ray, the bus or the algorithms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from online_rl.registry.lineage import file_sha256, load_signing_key, write_lineage
+from online_rl.registry.publish import PublishedVersion, publish_adapter
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from mlflow import MlflowClient
+    from pydantic import BaseModel
+
+    from online_rl.bus import TopicPartition
+    from online_rl.config import Settings
+    from online_rl.events import TrainingSample
+    from online_rl.hardware import PrecisionChoice
+
+__all__ = ["BASE_BEHAVIOUR", "Component", "TrainingRun", "VersionLineage", "adapter_config",
+           "base_fingerprint", "config_hash", "offset_ranges", "resolved_config", "run_params", "served_by"]
+
+logger = logging.getLogger(__name__)
+
+Component = Literal["trainer", "hybrid"]
+BASE_BEHAVIOUR = "base"  # how lineage names the base model as a behaviour version
+# MLflow's limits (mlflow.utils.validation): longer values are refused, not cut
+_PARAM_KEY, _PARAM_VALUE, _PARAMS_PER_BATCH, _METRICS_PER_BATCH = 250, 6000, 100, 1000
+
+
+# -- the resolved config ---------------------------------------------------------------------------
+def adapter_config(settings: Settings) -> dict[str, Any]:
+    """What every adapter the loop trains takes from `trainer.*`, whichever driver trains it: the LoRA
+    shape and the seed of its initialisation."""
+    trainer = settings.trainer
+    return {"lora_rank": trainer.lora_rank, "lora_alpha": trainer.lora_alpha,
+            "lora_targets": list(trainer.lora_targets), "seed": trainer.seed}
+
+
+def resolved_config(settings: Settings, section: BaseModel,
+                    precision: PrecisionChoice | None = None) -> dict[str, Any]:
+    """A run's resolved config: its `section` of the settings, the adapter it trains
+    (`adapter_config`), the base model's id and, once the workers have resolved it, their precision."""
+    config = section.model_dump(mode="json") | adapter_config(settings) | {"base_model": settings.model.name}
+    if precision is not None:
+        config["precision_resolved"] = precision.precision
+    return config
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """16 hex characters of the sha256 of `config` as canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def run_params(config: Mapping[str, Any], precision: PrecisionChoice | None = None) -> dict[str, str]:
+    """`config` as MLflow params: one per key, lists and dicts as JSON, cut to MLflow's limits; with
+    `precision`, also why it was chosen and on which machine."""
+    from online_rl.hardware import machine_line
+
+    flat = {key: json.dumps(value, sort_keys=True) if isinstance(value, list | dict) else str(value)
+            for key, value in config.items()}
+    if precision is not None:
+        flat |= {"precision_reason": precision.reason,
+                 "machine": precision.machine or machine_line(precision.precision)}
+    return {key[:_PARAM_KEY]: value[:_PARAM_VALUE] for key, value in flat.items()}
+
+
+# -- what a version is made from ------------------------------------------------------------------
+def base_fingerprint(model_dir: Path) -> str:
+    """sha256 over the base model's weight files (name and hash of each)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        digest.update(f"{path.name}:{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def offset_ranges(offsets: Mapping[TopicPartition, int],
+                  published: Mapping[TopicPartition, int]) -> dict[str, dict[str, list[int]]]:
+    """`{topic: {partition: [first, end)}}` read since the last publish: from `published` (the offsets
+    then, 0 for a partition it did not know) to `offsets` (the next to read now); a partition with
+    nothing new has no range."""
+    ranges: dict[str, dict[str, list[int]]] = {}
+    for tp, end in sorted(offsets.items()):
+        first = published.get(tp, 0)
+        if end > first:
+            ranges.setdefault(tp.topic, {})[str(tp.partition)] = [first, end]
+    return ranges
+
+
+def served_by(sample: TrainingSample) -> set[str]:
+    """The versions that served `sample`'s completions, as lineage names them (the base: "base")."""
+    return {version or BASE_BEHAVIOUR for version in sample.behaviour_versions}
+
+
+@dataclass(frozen=True)
+class VersionLineage:
+    """What only the driver knows about a version: what it learned from since its parent. The run adds
+    the base model, its fingerprint, the config hash and the signature."""
+
+    offsets: dict[str, dict[str, list[int]]]
+    behaviour_versions: Collection[str]
+    reward_mapping_versions: Collection[str]
+    parent_version: str | None
+    eval: dict[str, float] = field(default_factory=dict)
+    cold_start: dict[str, str | float | int] | None = None
+    kl_anchor: str | None = None
+
+    def manifest_fields(self) -> dict[str, Any]:
+        """The `write_lineage` keyword arguments these fields become."""
+        return {"offsets": self.offsets, "behaviour_versions": sorted(set(self.behaviour_versions)),
+                "reward_mapping_version": ",".join(sorted(set(self.reward_mapping_versions))) or None,
+                "parent_version": self.parent_version, "eval": self.eval, "cold_start": self.cold_start,
+                "kl_anchor": self.kl_anchor}
+
+
+# -- the run ---------------------------------------------------------------------------------------
+@dataclass
+class TrainingRun:
+    """One MLflow run of a training driver (open it with `TrainingRun.open`)."""
+
+    client: MlflowClient
+    run_id: str
+    component: Component
+    config: dict[str, Any]
+    config_hash: str
+    base_model: str
+    base_sha256: str
+    registered_model: str
+    signing_key: Ed25519PrivateKey | None = None
+    finished: bool = False
+
+    @classmethod
+    def open(cls, settings: Settings, component: Component,
+             precision: PrecisionChoice | None = None) -> TrainingRun:
+        """Start a run in the component's experiment, tagged with the component, the config hash and
+        the base model, its resolved config logged as params. The signing key is read first: a bad key
+        fails the start, not a publish."""
+        from online_rl.tracking import ensure_experiment, mlflow_client
+
+        key_file = settings.mlflow.signing_key_file
+        signing_key = load_signing_key(key_file) if key_file is not None else None
+        section = settings.trainer if component == "trainer" else settings.hybrid
+        config = resolved_config(settings, section, precision)
+        digest = config_hash(config)
+        base_sha256 = base_fingerprint(settings.model_dir)
+        client = mlflow_client(settings)
+        experiment = ensure_experiment(client, section.experiment, settings)
+        run_id = client.create_run(experiment, tags={"component": component, "config_hash": digest,
+                                                     "base_model": settings.model.name}).info.run_id
+        run = cls(client, run_id, component, config, digest, settings.model.name, base_sha256,
+                  settings.mlflow.registered_model, signing_key)
+        try:
+            run._log_params(run_params(config, precision))
+        except BaseException:
+            run.close(failed=True)
+            raise
+        logger.info("%s run %s: config %s, base %s (%s…)", component, run_id, digest, run.base_model,
+                    base_sha256[:12], extra={"event": "run_opened", "run_id": run_id, "config_hash": digest})
+        return run
+
+    def _log_params(self, params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        rows = [Param(key, value) for key, value in sorted(params.items())]
+        for start in range(0, len(rows), _PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=rows[start:start + _PARAMS_PER_BATCH])
+
+    def log_metrics(self, values: Mapping[str, float], step: int, prefix: str = "") -> None:
+        """One row of metrics at `step`, each named `prefix + name`."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        rows = [Metric(f"{prefix}{name}", float(value), now, step) for name, value in values.items()]
+        for start in range(0, len(rows), _METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=rows[start:start + _METRICS_PER_BATCH])
+
+    def publish(self, save_adapter: Callable[[Path], None], lineage: VersionLineage, artifact_path: str,
+                alias: str | None = "challenger",
+                then: Callable[[Path], None] | None = None) -> PublishedVersion:
+        """Seal and register a version: `save_adapter(folder)` writes the PEFT adapter into a fresh
+        folder, the complete lineage manifest is written (and signed) beside it, then `publish_adapter`
+        logs it under `artifact_path`, registers it and points `alias` at it. `then(folder)` runs on the
+        sealed folder before it is removed."""
+        with tempfile.TemporaryDirectory(prefix=f"orl-{self.component}-") as tmp:
+            folder = Path(tmp) / "adapter"
+            save_adapter(folder)
+            write_lineage(folder, self.base_model, self.signing_key, base_model_sha256=self.base_sha256,
+                          config_hash=self.config_hash, **lineage.manifest_fields())
+            published = publish_adapter(self.client, self.run_id, folder, self.registered_model,
+                                        artifact_path=artifact_path, alias=alias)
+            if then is not None:
+                then(folder)
+        return published
+
+    def close(self, failed: bool = False) -> None:
+        """End the run (FAILED or FINISHED); closing twice does nothing."""
+        if self.finished:
+            return
+        self.finished = True
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
