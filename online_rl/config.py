@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from online_rl.algos.config import CriticFreeConfig
 from online_rl.errors import ConfigError
 from online_rl.flow.errors import RewardRuleError
 from online_rl.flow.rewards import RewardFunctionSpec, RewardRule
@@ -531,7 +532,8 @@ class HybridConfig(BaseModel):
     temperature: float = Field(default=1.0, gt=0, le=5, description="Sampling temperature of the rollouts.")
     prompt_window: int = Field(default=512, ge=1, description="The newest this many prompts are drawn from.")
     min_pairs: int = Field(default=8, ge=0, description="Preference pairs seen before PPO starts.")
-    learning_rate: float = Field(default=1e-4, gt=0, le=1.0, description="The policy's AdamW rate.")
+    learning_rate: float = Field(default=1e-4, ge=0, le=1.0,
+                                 description="The policy's AdamW rate (0: a control that learns nothing).")
     ppo_epochs: int = Field(default=2, ge=1, le=16, description="Optimizer steps over each batch.")
     kl_coef: float = Field(default=0.05, ge=0, description="The KL penalty's initial coefficient.")
     kl_target: float | None = Field(
@@ -555,10 +557,29 @@ class HybridConfig(BaseModel):
         "auto picks bfloat16 where the device runs it natively and faster, else float32 (the weights the "
         "HybridEngine reshards stay float32).",
     )
+    critic_free: CriticFreeConfig | None = Field(
+        default=None,
+        description="Empty: PPO with a critic (GAE). Set, e.g. {estimator: grpo, group_size: 4}: advantages "
+        "from group_size answers sampled per prompt, no critic (GRPO, RLOO, REINFORCE++; see "
+        "docs/algorithms.md); rollout_batch prompts then make rollout_batch × group_size rollouts.",
+    )
 
     @property
     def world(self) -> int:
         return self.dp * self.fsdp
+
+    @field_validator("critic_free", mode="before")
+    @classmethod
+    def _critic_free(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            try:
+                return CriticFreeConfig(**value)
+            except TypeError as exc:
+                raise ValueError(f"hybrid.critic_free: {exc}; the fields are those of CriticFreeConfig "
+                                 "(docs/algorithms.md)") from exc
+            except ConfigError as exc:
+                raise ValueError(f"hybrid.{exc}") from exc
+        return value
 
     @model_validator(mode="after")
     def _check_layout(self) -> HybridConfig:
@@ -571,6 +592,17 @@ class HybridConfig(BaseModel):
         if self.kl_target is not None and self.kl_coef == 0:
             raise ValueError("hybrid.kl_coef=0 cannot adapt towards hybrid.kl_target: start above 0, "
                              "e.g. 0.05")
+        if self.critic_free is not None:
+            if self.critic_free.beta > 0:
+                raise ValueError("hybrid.critic_free.beta: a KL term inside the loss is not in the rollout "
+                                 "flow yet; set beta: 0 and put the KL in the reward with kl_coef (rloo, "
+                                 "reinforce++)")
+            if self.critic_free.loss_aggregation == "seq-mean-token-sum-norm":
+                raise ValueError("hybrid.critic_free.loss_aggregation: the rollout flow trains with "
+                                 "token-mean or seq-mean-token-mean")
+            if self.critic_free.ratio_level != "token":
+                raise ValueError("hybrid.critic_free.ratio_level: the rollout flow clips per token; "
+                                 "set 'token'")
         return self
 
 

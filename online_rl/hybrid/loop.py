@@ -7,6 +7,12 @@ from the recent ones on the stream, switch back to training; the reward model sc
 completions, the actors give the policy's and the reference's log-probs, the critic its values;
 GAE on KL-penalised rewards gives the advantages; the actors and the critic take their PPO steps; the
 KL coefficient adapts towards its target. The driver holds no weights.
+
+With `hybrid.critic_free` set there is no critic: each prompt gets `group_size` answers and GRPO, RLOO
+or REINFORCE++ (`online_rl.algos.critic_free`) compares them with each other. Either way a rollout's
+reward is the rule of `settings.rewards`: the reward model's score, reward functions written as code
+(run out of process by `online_rl.flow.RewardFunctions`) and their gates. A rollout no function could
+score is dropped from the step and its failures go to the dead-letter topic.
 """
 
 from __future__ import annotations
@@ -19,12 +25,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from online_rl.algos import AdaptiveKLController
+import torch
+
+from online_rl.algos import AdaptiveKLController, critic_free_advantages
+from online_rl.flow import FEEDBACK, REWARD_MODEL, combine, dead_letter_failures
 from online_rl.hybrid.group import HybridGroup
 from online_rl.trainer.ppo import advantages_for, ppo_config
 
 if TYPE_CHECKING:
+    from online_rl.bus import Bus, DeadLetters
     from online_rl.config import Settings
+    from online_rl.flow import RewardFunctions
 
 __all__ = ["ColocatedPPO", "worker_config"]
 
@@ -43,13 +54,15 @@ def worker_config(settings: Settings) -> dict[str, Any]:
             "kl_coef": hybrid.kl_coef, "kl_target": hybrid.kl_target,
             "critic_learning_rate": hybrid.critic_learning_rate, "aligned": hybrid.aligned,
             "reward_learning_rate": hybrid.reward_learning_rate, "reward_window": hybrid.reward_window,
-            "reward_batch": hybrid.reward_batch, "adapter_prefix": settings.mlflow.registered_model}
+            "reward_batch": hybrid.reward_batch, "adapter_prefix": settings.mlflow.registered_model,
+            **({"clip_low": hybrid.critic_free.clip_low, "clip_high": hybrid.critic_free.clip_high,
+                "aggregation": hybrid.critic_free.loss_aggregation} if hybrid.critic_free else {})}
 
 
 class ColocatedPPO:
     """The hybrid actor group, its critic and the reward model, driven as one loop."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, bus: Bus | None = None) -> None:
         import ray
 
         from online_rl.hybrid.reward import RewardWorker
@@ -75,8 +88,10 @@ class ColocatedPPO:
                 share, {"num_cpus": 0}, self.config.precision, device, model, threads, settings.cache_dir,
                 "hybrid.precision (CPU)")
         self.worker_config = {**self.worker_config, "precision": self.precision.precision}
-        self.critic: Any = ray.remote(CriticWorker).options(num_cpus=0, scheduling_strategy=share).remote(
-            model, self.worker_config, threads, device)
+        self.critic: Any = None  # critic-free estimators need none
+        if self.config.critic_free is None:
+            self.critic = ray.remote(CriticWorker).options(num_cpus=0, scheduling_strategy=share).remote(
+                model, self.worker_config, threads, device)
         self.reward: Any = ray.remote(RewardWorker).options(num_cpus=0, scheduling_strategy=share).remote(
             model, self.worker_config, threads, device)
         base = ppo_config(self.worker_config)
@@ -88,16 +103,41 @@ class ColocatedPPO:
         self.pairs_seen = 0
         self.steps = 0
         self.random = random.Random(settings.trainer.seed)
+        self._rewards_setup(settings, bus)
+
+    def _rewards_setup(self, settings: Settings, bus: Bus | None) -> None:
+        """The rule that makes a rollout's reward, the reward functions' actor, the dead-letter topic."""
+        from online_rl.bus import DeadLetters
+        from online_rl.flow import RewardFunctions
+
+        self.rule = settings.rewards.rule()
+        self.functions: RewardFunctions | None = None
+        self.tokenizer: Any = None
+        if settings.rewards.functions:
+            from transformers import AutoTokenizer
+
+            self.functions = RewardFunctions(settings.rewards.functions)
+            self.tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
+        self.dead: DeadLetters | None = None
+        if bus is not None:
+            self.dead = DeadLetters(bus.producer(), "hybrid", settings.topics.dlq)
+        self.texts: dict[tuple[int, ...], str] = {}  # a prompt's text, for reward functions
+        self.reward_failures = 0
 
     # -- what the stream brings ------------------------------------------------------------------
-    def observe(self, prompts: Sequence[Sequence[int]] = (), pairs: Sequence[Pair] = ()) -> None:
-        """Recent prompts (the newest `prompt_window` kept, repeats moved to the front) and new
-        preference pairs for the reward model."""
-        for prompt in prompts:
+    def observe(self, prompts: Sequence[Sequence[int]] = (), pairs: Sequence[Pair] = (),
+                texts: Sequence[str] | None = None) -> None:
+        """Recent prompts (the newest `prompt_window` kept, repeats moved to the front), their texts
+        when known (what reward functions see) and new preference pairs for the reward model."""
+        for i, prompt in enumerate(prompts):
             key = tuple(prompt)
             if key in self.prompts:
                 self.prompts.remove(key)
+            elif len(self.prompts) == self.prompts.maxlen:
+                self.texts.pop(self.prompts[0], None)
             self.prompts.append(key)
+            if texts is not None:
+                self.texts[key] = texts[i]
         self.pending.extend((list(p), list(c), list(r)) for p, c, r in pairs)
         self.pairs_seen += len(pairs)
 
@@ -135,43 +175,125 @@ class ColocatedPPO:
             "generate_tokens_per_s": tokens / max(generated - switched, 1e-9),
             "adapter_sync_bytes": float(adapter_bytes)}
 
-    def step(self) -> dict[str, float]:
-        """One PPO iteration on fresh rollouts (call when `ready`)."""
+    def rewards(self, rollouts: Sequence[tuple[list[int], list[int]]],
+                meta: dict[str, Any] | None = None) -> tuple[list[float | None], dict[str, float]]:
+        """Each rollout's reward by `settings.rewards`' rule (None: unscorable), and what it cost. Reward
+        functions' failures go to the dead-letter topic; the rollouts they leave unscored are None."""
         import ray
 
+        sources: dict[str, list[float | None]] = {FEEDBACK: [None] * len(rollouts)}  # fresh: no feedback yet
+        if REWARD_MODEL in self.rule.sources:
+            sources[REWARD_MODEL] = list(ray.get(self.reward.score.remote(rollouts)))
+        metrics: dict[str, float] = {}
+        if self.functions is not None:
+            start = time.perf_counter()
+            prompts, completions = self._texts(rollouts)
+            metas = [{"step": self.steps, "row": i, **(meta or {})} for i in range(len(rollouts))]
+            scored = self.functions.score(prompts, completions, metas)
+            sources |= scored.values
+            if scored.failures and self.dead is not None:
+                dead_letter_failures(self.dead, scored, prompts, completions, metas)
+                self.dead.flush()
+            self.reward_failures += len(scored.failures)
+            metrics |= {"reward_fn_s": time.perf_counter() - start,
+                        "reward_fn_failures": float(len(scored.failures)),
+                        "reward_fn_restarts": float(self.functions.restarts)}
+            for name, values in scored.values.items():
+                got = [v for v in values if v is not None]
+                if got:
+                    metrics[f"reward_fn_{name}"] = sum(got) / len(got)
+        return combine(self.rule, {name: sources[name] for name in self.rule.sources}), metrics
+
+    def _texts(self, rollouts: Sequence[tuple[list[int], list[int]]]) -> tuple[list[str], list[str]]:
+        """What reward functions read: the prompt's text (as the user wrote it, when the stream said)
+        and the completion's, decoded without special tokens."""
+        prompts = [self.texts.get(tuple(p)) or self.tokenizer.decode(p, skip_special_tokens=True)
+                   for p, _ in rollouts]
+        return prompts, [self.tokenizer.decode(c, skip_special_tokens=True) for _, c in rollouts]
+
+    def step(self) -> dict[str, float]:
+        """One iteration on fresh rollouts (call when `ready`): PPO with the critic, or critic-free."""
         start = time.perf_counter()
         metrics = self.learn_rewards()
+        critic_free = self.config.critic_free
+        n = critic_free.group_size if critic_free is not None else 1
         prompts = [list(p) for p in self.random.choices(list(self.prompts), k=self.config.rollout_batch)]
-        rollouts, behaviour, timing = self.rollouts(prompts)
-        scores = ray.get(self.reward.score.remote(rollouts))
+        rollouts, behaviour, timing = self.rollouts([p for p in prompts for _ in range(n)])
+        rewards, reward_metrics = self.rewards(rollouts)
+        metrics |= timing | reward_metrics
+        kept = [i for i, r in enumerate(rewards) if r is not None]
+        rollouts, behaviour = [rollouts[i] for i in kept], [behaviour[i] for i in kept]
+        scores = [float(rewards[i]) for i in kept]  # type: ignore[arg-type]
+        self.steps += 1
+        if len(rollouts) < self.group.world:  # too few scored rollouts to give every device one
+            logger.warning("hybrid step %d: %d of %d rollouts scored, too few to train on; skipped",
+                           self.steps, len(rollouts), len(rewards), extra={"event": "hybrid_step_skipped"})
+            return metrics | {"step": float(self.steps), "skipped": 1.0, "rollouts": float(len(rollouts)),
+                              "iteration_s": time.perf_counter() - start}
         scored = self.group.score(rollouts)
         old, ref = [s[0] for s in scored], [s[1] for s in scored]
+        if critic_free is None:
+            metrics |= self._gae_update(rollouts, behaviour, old, ref, scores)
+        else:
+            metrics |= self._critic_free_update(rollouts, behaviour, old, ref, scores, [i // n for i in kept])
+        gap = [abs(o - b) for row, served in zip(old, behaviour, strict=True)
+               for o, b in zip(row, served, strict=True)]
+        metrics |= {"step": float(self.steps), "rollouts": float(len(rollouts)),
+                    "behaviour_gap": sum(gap) / max(1, len(gap)), "iteration_s": time.perf_counter() - start}
+        logger.info("hybrid step %d: reward %.3f kl %.3f in %.1fs", self.steps, metrics["reward"],
+                    metrics["kl"], metrics["iteration_s"],
+                    extra={"event": "hybrid_step", **{k: round(v, 6) for k, v in metrics.items()}})
+        return metrics
+
+    def _gae_update(self, rollouts: list[tuple[list[int], list[int]]], behaviour: list[list[float]],
+                    old: list[list[float]], ref: list[list[float]], scores: list[float]) -> dict[str, float]:
+        """PPO with the critic: GAE on KL-penalised rewards; the actors' and the critic's steps."""
+        import ray
+
         # the critic's rollouts carry the score in the trainer's Rollout shape
         full = [(p, c, b, r) for (p, c), b, r in zip(rollouts, behaviour, scores, strict=True)]
         values = ray.get(self.critic.values.remote(full))
         out = advantages_for(full, old, ref, values, self.ppo, self.kl_coef)
         critic = self.critic.train_step.remote(full, out.returns, values)
-        metrics |= self.group.ppo_train(rollouts, old, out.advantages, behaviour)
+        metrics = self.group.ppo_train(rollouts, old, out.advantages, behaviour)
         metrics |= dict(ray.get(critic))
         if self.ppo.kl.target is not None:
             self.kl_coef = self.kl.update(out.sequence_kl, len(rollouts))
-        gap = [abs(o - b) for row, served in zip(old, behaviour, strict=True)
-               for o, b in zip(row, served, strict=True)]
-        self.steps += 1
-        metrics |= timing | {"step": float(self.steps), "reward": out.mean_reward, "kl": out.sequence_kl,
-                             "kl_coef": self.kl_coef, "rollouts": float(len(rollouts)),
-                             "behaviour_gap": sum(gap) / max(1, len(gap)),
-                             "iteration_s": time.perf_counter() - start}
-        logger.info("hybrid ppo step %d: reward %.3f kl %.3f (coef %.3f) in %.1fs", self.steps,
-                    out.mean_reward, out.sequence_kl, self.kl_coef, metrics["iteration_s"],
-                    extra={"event": "hybrid_step", **{k: round(v, 6) for k, v in metrics.items()}})
-        return metrics
+        return metrics | {"reward": out.mean_reward, "kl": out.sequence_kl, "kl_coef": self.kl_coef}
 
-    def evaluate(self, prompts: Sequence[Sequence[int]], samples: int = 1,
-                 seed: int = 1234) -> dict[str, float]:
+    def _critic_free_update(self, rollouts: list[tuple[list[int], list[int]]], behaviour: list[list[float]],
+                            old: list[list[float]], ref: list[list[float]], scores: list[float],
+                            groups: list[int]) -> dict[str, float]:
+        """GRPO, RLOO or REINFORCE++: advantages from each prompt's answers; the actors' steps on the
+        answers of groups that carry a signal."""
+        from torch.nn.utils.rnn import pad_sequence
+
+        config = self.config.critic_free
+        assert config is not None
+        lengths = [len(row) for row in old]
+        old_padded = pad_sequence([torch.tensor(r, dtype=torch.float32) for r in old], batch_first=True)
+        ref_padded = pad_sequence([torch.tensor(r, dtype=torch.float32) for r in ref], batch_first=True)
+        mask = (torch.arange(old_padded.shape[1]).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
+        rewards = torch.tensor(scores)
+        out = critic_free_advantages(config, rewards, torch.tensor(groups), old_padded, ref_padded, mask)
+        per_token = (out.advantages.unsqueeze(-1).expand_as(old_padded) if out.advantages.dim() == 1
+                     else out.advantages)
+        keep = [i for i in range(len(rollouts)) if bool(out.keep[i])]
+        kl = float(((old_padded - ref_padded) * mask).sum(-1).mean())
+        metrics = {"reward": float(rewards.mean()), "kl": kl, "kl_coef": config.kl_coef,
+                   "zero_variance_fraction": out.zero_variance_fraction, "trained_rollouts": float(len(keep))}
+        if len(keep) < self.group.world:  # every group agreed: nothing to learn from this batch
+            return metrics
+        return metrics | self.group.ppo_train([rollouts[i] for i in keep], [old[i] for i in keep],
+                                              [per_token[i, :lengths[i]].tolist() for i in keep],
+                                              [behaviour[i] for i in keep])
+
+    def evaluate(self, prompts: Sequence[Sequence[int]], samples: int = 1, seed: int = 1234,
+                 texts: Sequence[str] | None = None) -> dict[str, float]:
         """On held-out prompts, with the reward model as it is now: its mean score of the policy's
         sampled completions and of the base model's (same seeds), and the policy completions' mean KL
-        to the reference (the summed log-ratio per completion)."""
+        to the reference (the summed log-ratio per completion). With reward functions, each one's mean
+        on both (`fn_<name>`, `base_fn_<name>`); `texts` are the prompts as the users wrote them."""
         import ray
 
         batch = [list(p) for p in prompts for _ in range(samples)]
@@ -187,9 +309,19 @@ class ColocatedPPO:
         scores = ray.get(self.reward.score.remote(ours + theirs))
         kl = [sum(o) - sum(r) for o, r in self.group.score(ours)]
         n = len(batch)
-        return {"reward": sum(scores[:n]) / n, "base_reward": sum(scores[n:]) / n, "kl": sum(kl) / n,
-                "completion_tokens": sum(len(c) for _, c in ours) / n,
-                "base_completion_tokens": sum(len(c) for _, c in theirs) / n}
+        out = {"reward": sum(scores[:n]) / n, "base_reward": sum(scores[n:]) / n, "kl": sum(kl) / n,
+               "completion_tokens": sum(len(c) for _, c in ours) / n,
+               "base_completion_tokens": sum(len(c) for _, c in theirs) / n}
+        if self.functions is not None:  # each reward function's mean on the policy's and the base's answers
+            decoded, completions = self._texts(ours + theirs)
+            if texts is not None:
+                decoded = [t for t in texts for _ in range(samples)] * 2
+            values = self.functions.score(decoded, completions, [{"evaluation": True}] * (2 * n)).values
+            for name, rows in values.items():
+                for key, part in ((f"fn_{name}", rows[:n]), (f"base_fn_{name}", rows[n:])):
+                    got = [v for v in part if v is not None]
+                    out[key] = sum(got) / len(got) if got else float("nan")
+        return out
 
     def save_adapter(self, folder: str) -> None:
         self.group.save_adapter(folder)
@@ -198,5 +330,8 @@ class ColocatedPPO:
         import ray
 
         for actor in (self.critic, self.reward):
-            ray.kill(actor)
+            if actor is not None:
+                ray.kill(actor)
+        if self.functions is not None:
+            self.functions.close()
         self.group.close()

@@ -51,19 +51,21 @@ class HybridRun:
 
 
 def _observe(loop: ColocatedPPO, samples: list[TrainingSample], model: str, state: HybridRun) -> int:
-    """Feed the loop the samples' prompts and pairs (those for `model`); the number of pairs."""
-    prompts, pairs = [], []
+    """Feed the loop the samples' prompts (with the user's words, what reward functions read) and pairs
+    (those for `model`); the number of pairs."""
+    prompts, texts, pairs = [], [], []
     for sample in samples:
         if sample.model != model or not sample.prompt_token_ids:
             continue
         prompts.append(sample.prompt_token_ids)
+        texts.append(next((m.content for m in reversed(sample.prompt) if m.role == "user"), ""))
         state.behaviour_versions |= served_by(sample)
         state.reward_mapping_versions.add(sample.reward_mapping_version)
         if sample.kind == "pair" and sample.chosen is not None and sample.rejected is not None:
             chosen, rejected = sample.chosen.token_ids, sample.rejected.token_ids
             if chosen and rejected and chosen != rejected:
                 pairs.append((sample.prompt_token_ids, chosen, rejected))
-    loop.observe(prompts, pairs)
+    loop.observe(prompts, pairs, texts)
     return len(pairs)
 
 
@@ -89,7 +91,7 @@ def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None
     run: TrainingRun | None = None
     failed = True
     try:
-        loop = ColocatedPPO(settings)
+        loop = ColocatedPPO(settings, bus)  # the bus: reward functions' failures go to its dead letters
         # opened once the policy's precision is resolved: it is part of the config (and its hash)
         run = TrainingRun.open(settings, "hybrid", loop.group.precision)
         for batch in stream.batch(256, timeout=0.5, idle_batches=True):

@@ -21,8 +21,10 @@ __all__ = ["PPOAdvantages", "advantages_for", "ppo_config"]
 
 
 def ppo_config(config: Mapping[str, Any]) -> PPOConfig:
-    """The PPO settings of a resolved trainer config (shared by the controller and the workers)."""
-    return PPOConfig(kl=KLControlConfig(coef=config["kl_coef"], target=config["kl_target"]))
+    """The PPO settings of a resolved trainer config (shared by the controller and the workers); a
+    critic-free rollout flow also sets the clip range and the aggregation of the loss."""
+    clipping = {k: config[k] for k in ("clip_low", "clip_high", "aggregation") if k in config}
+    return PPOConfig(kl=KLControlConfig(coef=config["kl_coef"], target=config["kl_target"]), **clipping)
 
 
 @dataclass(frozen=True)

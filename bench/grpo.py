@@ -1,0 +1,175 @@
+"""GRPO on the rollout flow with a reward function written as code, against an lr = 0 control.
+
+    deploy/local/env.sh .venv/bin/python bench/grpo.py [--steps 24] [--prompts 4] [--group 4] \
+        [--learning-rate 1e-3] [--ppo-epochs 2] [--smoke]
+
+The rollout flow (`online_rl.hybrid.loop.ColocatedPPO` with `hybrid.critic_free: {estimator: grpo}`, no
+critic) trains the embedded model (SmolLM2-135M-Instruct) for `--steps` iterations: each samples
+`--prompts` training prompts (the first 12 of `online_rl.simulate.PROMPTS`), `--group` answers to each,
+scores them with `bench.grpo_rewards:brief_on_topic` (1 for at most 8 words that still contain the
+prompt's key word, less up to 40 words; run out of process by `online_rl.flow.RewardFunctions`, the
+learned reward model weighted 0) and takes GRPO's clipped step on the group-normalised advantages.
+The control run is the same command with `learning_rate: 0`: the same seeds, prompts and sampling, no
+learning. The baseline of the comparison is that control (the issue's bar), not another framework.
+
+Measured on the 12 held-out prompts (`PROMPTS[12:]`, never trained on), 2 sampled answers each at the
+training temperature with one seed for both runs: the reward function's mean on the trained policy's
+answers and on the control's (`reward_trained`, `reward_control`, `gain_over_control` = their
+difference; `reward_base` is the base model's, from the same evaluation); the answers' mean length in
+tokens; and the general-ability check of the demo (`online_rl.demo.report.ABILITY_PROMPTS`: 8 factual
+questions answered greedily, correct when the answer holds the right word) for the base, the trained
+and the control adapters (`ability_*`, out of 8). The sides run one after the other (control first)
+in one process; both are timed (`seconds_trained`, `seconds_control`). The last line is one JSON
+object with every name of `FIELDS` and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import emit, missing_fields
+
+FIELDS: tuple[str, ...] = (
+    "steps", "prompts", "group", "learning_rate", "reward_base", "reward_trained", "reward_control",
+    "gain_over_control", "gain_over_base", "tokens_trained", "tokens_control", "tokens_base",
+    "ability_base", "ability_trained", "ability_control", "seconds_trained", "seconds_control",
+    "zero_variance_fraction", "smoke",
+)
+FUNCTION = {"name": "brief_on_topic", "target": "bench.grpo_rewards:brief_on_topic", "weight": 1.0}
+
+
+def _settings(args: argparse.Namespace, work: Path, learning_rate: float) -> Any:
+    from online_rl.config import load_settings
+
+    base = load_settings()
+    return base.model_copy(update={
+        "hybrid": base.hybrid.model_validate({
+            **base.hybrid.model_dump(), "rollout_batch": args.prompts, "max_new_tokens": args.max_new_tokens,
+            "min_pairs": 0, "reward_steps": 0, "learning_rate": learning_rate,
+            "ppo_epochs": args.ppo_epochs,
+            "temperature": 1.0, "precision": "fp32",
+            "critic_free": {"estimator": "grpo", "group_size": args.group}}),
+        "rewards": base.rewards.model_validate({"functions": [FUNCTION], "weights": {}}),
+    })
+
+
+def _ability(model_dir: Path, adapter: Path | None) -> int:
+    """The demo's general-ability check: 8 factual questions, greedy, 48 tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from online_rl.demo.report import ABILITY_PROMPTS, correct
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
+    right = 0
+    for question, accepted in ABILITY_PROMPTS:
+        ids: Any = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                 add_generation_prompt=True, return_tensors="pt",
+                                                 return_dict=True)
+        with torch.no_grad():
+            out = model.generate(**ids, max_new_tokens=48, do_sample=False,
+                                 pad_token_id=tokenizer.eos_token_id)
+        answer = str(tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
+        right += correct(answer, accepted)
+    return right
+
+
+def _run(args: argparse.Namespace, work: Path, learning_rate: float) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from online_rl.hybrid.loop import ColocatedPPO
+    from online_rl.simulate import PROMPTS
+
+    settings = _settings(args, work, learning_rate)
+    tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
+
+    def ids(question: str) -> list[int]:
+        rendered: Any = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                      add_generation_prompt=True, tokenize=True,
+                                                      return_dict=True)
+        return list(rendered["input_ids"])
+
+    questions = list(PROMPTS)
+    train, held = questions[:12], questions[12:24]
+    start = time.perf_counter()
+    loop = ColocatedPPO(settings)
+    try:
+        loop.observe([ids(q) for q in train], texts=train)
+        flat = []
+        for step in range(args.steps):
+            metrics = loop.step()
+            flat.append(metrics.get("zero_variance_fraction", 0.0))
+            print(f"lr {learning_rate:g} step {step + 1}: reward {metrics['reward']:.3f} trained "
+                  f"{metrics.get('trained_rollouts', 0):.0f} in {metrics['iteration_s']:.1f}s", flush=True)
+        evaluation = loop.evaluate([ids(q) for q in held], samples=args.eval_samples, seed=4321, texts=held)
+        adapter = work / f"adapter-{learning_rate:g}"
+        loop.save_adapter(str(adapter))
+    finally:
+        loop.close()
+    seconds = time.perf_counter() - start
+    return {"eval": evaluation, "adapter": adapter, "seconds": seconds,
+            "zero_variance_fraction": sum(flat) / max(1, len(flat)), "model_dir": settings.model_dir}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--ppo-epochs", type=int, default=2)
+    parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 steps, 2 prompts, 16 tokens: checks the fields")
+    args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.prompts, args.group, args.max_new_tokens, args.eval_samples = 2, 2, 2, 16, 1
+    logging.basicConfig(level=logging.WARNING)
+
+    with tempfile.TemporaryDirectory(prefix="orl-bench-grpo-") as tmp:
+        work = Path(tmp)
+        control = _run(args, work, 0.0)
+        trained = _run(args, work, args.learning_rate)
+        model_dir = trained["model_dir"]
+        ability = {"base": _ability(model_dir, None), "trained": _ability(model_dir, trained["adapter"]),
+                   "control": _ability(model_dir, control["adapter"])}
+    fn = f"fn_{FUNCTION['name']}"
+    result = {
+        "steps": args.steps, "prompts": args.prompts, "group": args.group,
+        "learning_rate": args.learning_rate, "reward_base": round(trained["eval"]["base_" + fn], 4),
+        "reward_trained": round(trained["eval"][fn], 4),
+        "reward_control": round(control["eval"][fn], 4),
+        "gain_over_control": round(trained["eval"][fn] - control["eval"][fn], 4),
+        "gain_over_base": round(trained["eval"][fn] - trained["eval"]["base_" + fn], 4),
+        "tokens_trained": round(trained["eval"]["completion_tokens"], 2),
+        "tokens_control": round(control["eval"]["completion_tokens"], 2),
+        "tokens_base": round(trained["eval"]["base_completion_tokens"], 2),
+        "ability_base": ability["base"], "ability_trained": ability["trained"],
+        "ability_control": ability["control"],
+        "seconds_trained": round(trained["seconds"], 1), "seconds_control": round(control["seconds"], 1),
+        "zero_variance_fraction": round(trained["zero_variance_fraction"], 3), "smoke": args.smoke,
+    }
+    if missing := missing_fields(result, FIELDS):
+        raise SystemExit(f"the result lacks {missing}")
+    print(f"GRPO with a reward function: held-out reward {result['reward_trained']:.3f} trained, "
+          f"{result['reward_control']:.3f} lr=0 control, {result['reward_base']:.3f} base "
+          f"({result['gain_over_control']:+.3f} over the control); ability {ability}", flush=True)
+    emit(result, "fp32")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Reward functions the rollout flow's tests load by target (`tests.hybrid.reward_fns:<name>`); they run
+in the reward functions' Ray actor, which imports `tests` from the repository root (run pytest there)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def brief(prompt: str, completion: str, meta: dict[str, Any]) -> float:
+    """1 for an answer of at most 8 words, falling to 0 at 24: the users want it short."""
+    words = len(completion.split())
+    return max(0.0, min(1.0, (24 - words) / 16))
+
+
+def raises_on_some_rows(prompt: str, completion: str, meta: dict[str, Any]) -> float:
+    """A user's function with a bug: it raises on every third row."""
+    if meta["row"] % 3 == 0:
+        raise KeyError("expected_field")
+    return 0.5
+
+
+def hangs_once(prompt: str, completion: str, meta: dict[str, Any]) -> float:
+    """A user's function that hangs on the first training step's second row (a stuck HTTP call)."""
+    if meta.get("step") == 0 and meta["row"] == 1 and not meta.get("evaluation"):
+        time.sleep(1000)
+    return 1.0
