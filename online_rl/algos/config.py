@@ -169,7 +169,8 @@ class CriticFreeConfig:
     normalize: bool = field(default=False, metadata={"help": "RLOO: whiten the advantages over the batch."})
     drop_zero_variance: bool = field(
         default=True,
-        metadata={"help": "Leave out groups whose answers all got the same reward (DAPO): no signal."},
+        metadata={"help": "Leave out groups whose answers all got the same reward (DAPO): no signal (GRPO, "
+                  "and RLOO without a KL in the reward; the others' advantages are not 0 there)."},
     )
     clip_low: float = field(default=0.2, metadata={"help": "Ratio clip below 1: r >= 1 - clip_low."})
     clip_high: float = field(

@@ -136,7 +136,10 @@ def critic_free_advantages(config: CriticFreeConfig, rewards: torch.Tensor, grou
     """The advantages `config.estimator` gives `rewards` (one per answer, grouped by `groups`).
     REINFORCE++ also needs the answers' token log-probs under the sampling and reference policies."""
     flat = zero_variance_groups(rewards, groups)
-    keep = ~flat if config.drop_zero_variance else torch.ones_like(flat)
+    # only where a flat group's advantages are all 0: REINFORCE++'s token advantages (KL, whitening) and
+    # RLOO's with a KL in the reward are not, so their groups are kept (as are groups of one)
+    droppable = config.estimator == "grpo" or (config.estimator == "rloo" and config.kl_coef == 0)
+    keep = ~flat if config.drop_zero_variance and droppable else torch.ones_like(flat)
     needs_logprobs = (config.estimator.startswith("reinforce++")
                       or (config.estimator == "rloo" and config.kl_coef > 0))
     if needs_logprobs and (logprobs is None or ref_logprobs is None or mask is None):

@@ -56,7 +56,7 @@ class DeadLetters:
         logger.debug("dead-lettering a %s payload: %s", self._component, reason)
         self._producer.produce(
             self._topic,
-            json.dumps(payload, default=str).encode(),
+            json.dumps(payload, default=str, ensure_ascii=False).encode(),
             key,
             headers=[
                 ("reason", reason.encode()[:2000]),

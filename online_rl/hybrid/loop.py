@@ -18,6 +18,7 @@ score is dropped from the step and its failures go to the dead-letter topic.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -35,7 +36,7 @@ from online_rl.trainer.ppo import advantages_for, ppo_config
 if TYPE_CHECKING:
     from online_rl.bus import Bus, DeadLetters
     from online_rl.config import Settings
-    from online_rl.flow import RewardFunctions
+    from online_rl.flow import RewardFunctions, RewardScores
 
 __all__ = ["ColocatedPPO", "worker_config"]
 
@@ -63,14 +64,32 @@ class ColocatedPPO:
     """The hybrid actor group, its critic and the reward model, driven as one loop."""
 
     def __init__(self, settings: Settings, bus: Bus | None = None) -> None:
+        from online_rl.ray_runtime import init_ray
+
+        self.critic: Any = None  # critic-free estimators need none
+        self.reward: Any = None
+        init_ray(settings)
+        self.settings, self.config = settings, settings.hybrid
+        self._rewards_setup(settings, bus)  # first: a reward function that cannot load takes no device
+        try:
+            self._start_workers(settings)
+        except BaseException:
+            self.close()
+            raise
+        self.prompts: deque[tuple[int, ...]] = deque(maxlen=self.config.prompt_window)
+        self.pending: list[Pair] = []
+        self.pairs_seen = 0
+        self.steps = 0
+        self.random = random.Random(settings.trainer.seed)
+
+    def _start_workers(self, settings: Settings) -> None:
+        """The hybrid actor group, and on device 0's bundle the reward model (and the critic, for GAE)."""
         import ray
 
         from online_rl.hybrid.reward import RewardWorker
-        from online_rl.ray_runtime import init_ray, resolve_precision_on
+        from online_rl.ray_runtime import resolve_precision_on
         from online_rl.trainer.critic import CriticWorker
 
-        init_ray(settings)
-        self.settings, self.config = settings, settings.hybrid
         self.worker_config = worker_config(settings)
         model = str(settings.model_dir)
         cpus = self.config.cpus_per_worker or max(1.0, float(settings.ray.num_cpus // self.config.world))
@@ -88,22 +107,15 @@ class ColocatedPPO:
                 share, {"num_cpus": 0}, self.config.precision, device, model, threads, settings.cache_dir,
                 "hybrid.precision (CPU)")
         self.worker_config = {**self.worker_config, "precision": self.precision.precision}
-        self.critic: Any = None  # critic-free estimators need none
         if self.config.critic_free is None:
             self.critic = ray.remote(CriticWorker).options(num_cpus=0, scheduling_strategy=share).remote(
                 model, self.worker_config, threads, device)
-        self.reward: Any = ray.remote(RewardWorker).options(num_cpus=0, scheduling_strategy=share).remote(
+        self.reward = ray.remote(RewardWorker).options(num_cpus=0, scheduling_strategy=share).remote(
             model, self.worker_config, threads, device)
         base = ppo_config(self.worker_config)
         self.ppo = replace(base, kl=replace(base.kl, horizon=self.config.kl_horizon))
         self.kl = AdaptiveKLController(self.ppo.kl)
         self.kl_coef = self.config.kl_coef
-        self.prompts: deque[tuple[int, ...]] = deque(maxlen=self.config.prompt_window)
-        self.pending: list[Pair] = []
-        self.pairs_seen = 0
-        self.steps = 0
-        self.random = random.Random(settings.trainer.seed)
-        self._rewards_setup(settings, bus)
 
     def _rewards_setup(self, settings: Settings, bus: Bus | None) -> None:
         """The rule that makes a rollout's reward, the reward functions' actor, the dead-letter topic."""
@@ -113,16 +125,18 @@ class ColocatedPPO:
         self.rule = settings.rewards.rule()
         self.functions: RewardFunctions | None = None
         self.tokenizer: Any = None
+        self.dead: DeadLetters | None = None
+        self._producer: Any = None
+        self.texts: dict[tuple[int, ...], str] = {}  # a prompt's text, for reward functions
+        self.reward_failures = 0
         if settings.rewards.functions:
             from transformers import AutoTokenizer
 
-            self.functions = RewardFunctions(settings.rewards.functions)
             self.tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
-        self.dead: DeadLetters | None = None
+            self.functions = RewardFunctions(settings.rewards.functions)
         if bus is not None:
-            self.dead = DeadLetters(bus.producer(), "hybrid", settings.topics.dlq)
-        self.texts: dict[tuple[int, ...], str] = {}  # a prompt's text, for reward functions
-        self.reward_failures = 0
+            self._producer = bus.producer()
+            self.dead = DeadLetters(self._producer, "hybrid", settings.topics.dlq)
 
     # -- what the stream brings ------------------------------------------------------------------
     def observe(self, prompts: Sequence[Sequence[int]] = (), pairs: Sequence[Pair] = (),
@@ -192,8 +206,7 @@ class ColocatedPPO:
             scored = self.functions.score(prompts, completions, metas)
             sources |= scored.values
             if scored.failures and self.dead is not None:
-                dead_letter_failures(self.dead, scored, prompts, completions, metas)
-                self.dead.flush()
+                self._dead_letter(scored, prompts, completions, metas)
             self.reward_failures += len(scored.failures)
             metrics |= {"reward_fn_s": time.perf_counter() - start,
                         "reward_fn_failures": float(len(scored.failures)),
@@ -202,7 +215,29 @@ class ColocatedPPO:
                 got = [v for v in values if v is not None]
                 if got:
                     metrics[f"reward_fn_{name}"] = sum(got) / len(got)
-        return combine(self.rule, {name: sources[name] for name in self.rule.sources}), metrics
+        rewards = combine(self.rule, {name: sources[name] for name in self.rule.sources})
+        if self.config.critic_free is not None:
+            # answers are compared within their group, so all must be on one scale: a rollout that lacks
+            # a weighted source's score is not re-weighted from the others but left unscored (users'
+            # feedback, which no fresh rollout has, excepted: its weight moves alike for all)
+            needed = [s for s, w in self.rule.weights.items() if w > 0 and s != FEEDBACK]
+            rewards = [None if any(not _finite(sources[s][i]) for s in needed) else r
+                       for i, r in enumerate(rewards)]
+        return rewards, metrics
+
+    def _dead_letter(self, scored: RewardScores, prompts: list[str], completions: list[str],
+                     metas: list[dict[str, Any]]) -> None:
+        """The reward functions' failures to the dead-letter topic; a bus that refuses them is logged,
+        never allowed to stop the step."""
+        from online_rl.bus import BusError
+
+        assert self.dead is not None
+        try:
+            dead_letter_failures(self.dead, scored, prompts, completions, metas)
+            self.dead.flush()
+        except BusError as exc:
+            logger.error("hybrid step %d: %d reward-function failures could not be dead-lettered (%s)",
+                         self.steps, len(scored.failures), exc, extra={"event": "dead_letter_failed"})
 
     def _texts(self, rollouts: Sequence[tuple[list[int], list[int]]]) -> tuple[list[str], list[str]]:
         """What reward functions read: the prompt's text (as the user wrote it, when the stream said)
@@ -334,4 +369,12 @@ class ColocatedPPO:
                 ray.kill(actor)
         if self.functions is not None:
             self.functions.close()
-        self.group.close()
+        if self._producer is not None:
+            self._producer.close()
+        group: HybridGroup | None = getattr(self, "group", None)  # absent when its start failed
+        if group is not None:
+            group.close()
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)

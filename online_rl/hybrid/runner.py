@@ -146,12 +146,15 @@ def _commit(stream: Stream[TrainingSample], state: HybridRun) -> None:
 
 
 def _publish(settings: Settings, run: TrainingRun, loop: ColocatedPPO, state: HybridRun) -> None:
-    recent = state.history[-settings.hybrid.publish_every_steps:]
+    # the iterations that trained (one skipped for want of scored rollouts reports no reward)
+    recent = [m for m in state.history[-settings.hybrid.publish_every_steps:] if "reward" in m]
+    trained = {f"train_{k}": sum(m[k] for m in recent) / len(recent) for k in ("reward", "kl")
+               } if recent else {}
     lineage = VersionLineage(
         offsets=offset_ranges(state.offsets, state.published_offsets),
         behaviour_versions=state.behaviour_versions, reward_mapping_versions=state.reward_mapping_versions,
         parent_version=state.published[-1].serving_name if state.published else None,
-        eval={f"train_{k}": sum(m[k] for m in recent) / len(recent) for k in ("reward", "kl")},
+        eval=trained,
         kl_anchor="base")  # the reference of the KL penalty: the base (the adapter disabled)
 
     def save(folder: Path) -> None:
