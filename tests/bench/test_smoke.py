@@ -102,6 +102,11 @@ def test_the_learning_benchmark_runs_on_a_tiny_model(kafka_bootstrap: str, tiny_
     assert len(row["versions"]) == 1 and 0 <= row["final"] <= 1 and "gain_over_control" in row
 
 
+def test_the_grpo_benchmark_runs_on_a_tiny_model(tiny_model: Path) -> None:
+    result = _run("grpo", [], {"ORL_MODEL__PATH": str(tiny_model), "ORL_MODEL__NAME": TINY_NAME})
+    assert result["smoke"] and result["steps"] == 2 and 0 <= result["reward_control"] <= 1
+
+
 def test_the_demo_benchmark_runs_the_loop_on_a_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
     ports = {"ORL_GATEWAY__PORT", "ORL_INFERENCE__PORT", "ORL_FEEDBACK_API__PORT", "ORL_LAUNCH__MLFLOW_PORT",
              "ORL_LAUNCH__TRAINER_METRICS_PORT"}
