@@ -128,7 +128,6 @@ class ColocatedPPO:
         self.dead: DeadLetters | None = None
         self._producer: Any = None
         self.texts: dict[tuple[int, ...], str] = {}  # a prompt's text, for reward functions
-        self.reward_failures = 0
         if settings.rewards.functions:
             from transformers import AutoTokenizer
 
@@ -207,7 +206,6 @@ class ColocatedPPO:
             sources |= scored.values
             if scored.failures and self.dead is not None:
                 self._dead_letter(scored, prompts, completions, metas)
-            self.reward_failures += len(scored.failures)
             metrics |= {"reward_fn_s": time.perf_counter() - start,
                         "reward_fn_failures": float(len(scored.failures)),
                         "reward_fn_restarts": float(self.functions.restarts)}
