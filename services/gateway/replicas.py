@@ -5,7 +5,9 @@ A request is opened on one replica (round robin, replicas that just refused a co
 while nothing has come back to the client it may move to the next replica: on a connection error,
 a timeout before the answer's headers, a 5xx answer, or a 404 `model_not_found` (a replica that
 restarted and has not reloaded the version yet). Only a failed connection makes a replica skipped
-for `cooldown_s`. Once an answer starts it is the client's.
+for `cooldown_s`. A connection the replica drops before answering (a pooled one it was closing) is
+first tried once more, on a new connection to the same replica. Once an answer starts it is the
+client's.
 
 A replica source `dns+http://host:port` stands for every address `host` resolves to, re-resolved by
 `discover()` (the controller calls it every tick): a Kubernetes headless Service in front of an
@@ -50,6 +52,9 @@ class Upstream:
 
 
 _FAILED = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
+# The replicas close a connection idle for 5 s (`timeout_keep_alive` in services/common/serve.py);
+# the pool drops it first, so a request never goes out on a socket the replica is closing.
+_IDLE_S = 2.0
 
 
 async def _retryable(response: aiohttp.ClientResponse) -> tuple[bool, bytes | None]:
@@ -99,7 +104,8 @@ class ReplicaPool:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:  # made on the serving loop, at first use
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections), timeout=self._timeout)
+                connector=aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=_IDLE_S),
+                timeout=self._timeout)
         return self._session
 
     async def close(self) -> None:
@@ -151,8 +157,7 @@ class ReplicaPool:
         errors: list[str] = []
         for attempt, replica in enumerate(self._order(), 1):
             try:
-                response = await self._client().request(method, replica.url + path, data=content,
-                                                        headers={**(headers or {}), **self._auth})
+                response = await self._open(replica, method, path, content, headers)
             except _FAILED as exc:
                 self._down(replica, f"{type(exc).__name__}: {exc}")
                 errors.append(f"{replica.url}: {type(exc).__name__}")
@@ -173,6 +178,20 @@ class ReplicaPool:
             return last
         raise ReplicaUnavailable(f"no inference replica answered ({'; '.join(errors)}); check that "
                                  "gateway.replicas lists running replicas")
+
+    async def _open(self, replica: Replica, method: str, path: str, content: bytes | None,
+                    headers: Mapping[str, str] | None) -> aiohttp.ClientResponse:
+        """The answer's headers from `replica`. A connection that broke off before any answer (reset,
+        closed: a pooled connection the replica had just closed) is tried once more on a new one
+        before the replica counts as failed; a refused connection is not."""
+        send = {**(headers or {}), **self._auth}
+        try:
+            return await self._client().request(method, replica.url + path, data=content, headers=send)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):  # never connected: the replica is down
+                raise
+            logger.info("replica %s dropped a connection (%s); once more on a new one", replica.url, exc)
+            return await self._client().request(method, replica.url + path, data=content, headers=send)
 
     # -- admin: adapter versions on every replica -------------------------------------------------
     async def _admin(self, replica: Replica, method: str, path: str, timeout_s: float = 120.0,

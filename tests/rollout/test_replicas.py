@@ -36,3 +36,44 @@ def test_bad_replica_urls_are_refused_with_the_setting_named() -> None:
         GatewayConfig(replicas=["inference:8081"])
     with pytest.raises(ValueError, match=r"gateway\.replicas entry"):
         ReplicaPool(["dns+http:///no-host"], None)
+
+
+def test_a_connection_the_replica_drops_before_answering_is_tried_once_more_not_failed_over() -> None:
+    """A pooled connection the replica closes as a request goes out (its keep-alive ran out) is a
+    reset before any answer: the pool opens a new connection to the same replica, the client sees
+    200, and the replica is not marked failed. A second drop in a row is a failure."""
+
+    async def scenario(drops: int) -> tuple[int | str, int, int]:
+        connections = 0
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            await reader.readuntil(b"\r\n\r\n")
+            if connections <= drops:
+                writer.transport.abort()  # a reset, no answer
+                return
+            body = b'{"ok": true}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = ReplicaPool([f"http://127.0.0.1:{port}"], None)
+        try:
+            try:
+                upstream = await pool.send("POST", "/v1/chat/completions", b"{}")
+                status: int | str = upstream.response.status
+                upstream.response.release()
+            except Exception as exc:  # the outcome is what the test reads
+                status = type(exc).__name__
+            return status, connections, pool.replicas[0].failures
+        finally:
+            await pool.close()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(scenario(drops=1)) == (200, 2, 0)
+    assert asyncio.run(scenario(drops=2)) == ("ReplicaUnavailable", 2, 1)
