@@ -189,9 +189,11 @@ def _transitions(group: Any, rounds: int, model_dir: Path) -> dict[str, Any]:
 def measured(args: argparse.Namespace, targets: list[str]) -> dict[str, Any]:
     import ray
 
+    from online_rl.algos.policy import LoraSpec
     from online_rl.config import load_settings
     from online_rl.hybrid.group import HybridGroup
     from online_rl.models import build_tiny_llama, prepare_embedded_model
+    from online_rl.trainer.spec import HybridSpec, ModelSpec
 
     tokenizer = prepare_embedded_model(load_settings().model_dir).path
     cores, cpus = cpu_share(args.fsdp)
@@ -202,10 +204,9 @@ def measured(args: argparse.Namespace, targets: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="orl-bench-hybrid-") as tmp:
         model = build_tiny_llama(Path(tmp) / "model", tokenizer, seed=0, hidden_size=args.hidden,
                                  num_layers=args.layers)
-        config = {"seed": 0, "lora_rank": args.lora_rank, "lora_alpha": 2 * args.lora_rank,
-                  "lora_targets": targets, "learning_rate": 1e-4, "ppo_epochs": 1, "kl_coef": 0.05,
-                  "kl_target": None}
-        group = HybridGroup(str(model), config, dp=1, fsdp=args.fsdp, tp=args.tp, cpus_per_worker=cpus)
+        lora = LoraSpec(rank=args.lora_rank, alpha=2 * args.lora_rank, targets=tuple(targets))
+        spec = HybridSpec(ModelSpec(str(model), lora, seed=0, precision="fp32"), learning_rate=1e-4, epochs=1)
+        group = HybridGroup(spec, dp=1, fsdp=args.fsdp, tp=args.tp, cpus_per_worker=cpus)
         try:
             run = _transitions(group, args.rounds, model)
             group.to_generation(keep_base=True)  # the LoRA path: the base once, then the adapter alone

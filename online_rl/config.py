@@ -21,7 +21,8 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from online_rl.algos.config import CriticFreeConfig
+from online_rl.algos.config import CriticFreeConfig, DPOConfig, KLControlConfig
+from online_rl.algos.policy import LoraSpec
 from online_rl.errors import ConfigError
 from online_rl.flow.errors import RewardRuleError
 from online_rl.flow.rewards import RewardFunctionSpec, RewardRule
@@ -382,6 +383,10 @@ class RayConfig(BaseModel):
     num_cpus: int = Field(default=2, ge=1, le=1024, description="CPUs for a local Ray runtime.")
 
 
+# The algorithms' defaults, which the settings below expose: written once, in online_rl/algos.
+_DPO, _KL, _LORA = DPOConfig(), KLControlConfig(), LoraSpec()
+
+
 class TrainerConfig(BaseModel):
     """The long-running trainer (`online-rl trainer`)."""
 
@@ -395,20 +400,25 @@ class TrainerConfig(BaseModel):
     batch_timeout_s: float = Field(
         default=5.0, gt=0, description="Train on a partial batch after this many idle seconds."
     )
+    flow: str = Field(
+        default="feedback", min_length=1,
+        description="What the trainer runs on every batch: feedback (learn from users' samples: DPO, KTO, "
+        "PPO), rollout (learn from fresh rollouts on the hybrid engine, the hybrid.* settings) or "
+        "'package.module:function', a function build(trainer) -> Flow (docs/trainer.md#flows).")
     learning_rate: float = Field(default=5e-5, ge=0, le=1.0,
                                  description="AdamW learning rate; 0 keeps the adapter where it starts (a "
                                  "no-learning control).")
-    beta: float = Field(default=0.1, gt=0, description="DPO/KTO beta: the strength of the KL anchor.")
+    beta: float = Field(default=_DPO.beta, gt=0, description="DPO/KTO beta: the strength of the KL anchor.")
     precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",
         description="auto: bfloat16 where the device runs it natively and faster (a GPU with native bf16; "
         "on a CPU, measured once per machine), else float32; bf16: base weights in bfloat16, adapter in "
         "float32 (fast on AMX CPUs and GPUs, ~90x slower on AVX2-only CPUs); fp32: everything float32.",
     )
-    lora_rank: int = Field(default=8, ge=1, le=256, description="LoRA rank.")
-    lora_alpha: int = Field(default=16, ge=1, description="LoRA alpha (scale = alpha / rank).")
+    lora_rank: int = Field(default=_LORA.rank, ge=1, le=256, description="LoRA rank.")
+    lora_alpha: int = Field(default=_LORA.alpha, ge=1, description="LoRA alpha (scale = alpha / rank).")
     lora_targets: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        default_factory=lambda: list(_LORA.targets), min_length=1,
         description="Modules that get a LoRA adapter.",
     )
     publish_every_samples: int = Field(
@@ -425,7 +435,7 @@ class TrainerConfig(BaseModel):
     group_id: str = Field(default="orl-trainer", min_length=1, description="Consumer group on the samples.")
     seed: int = Field(default=0, description="Seed of the adapter's initialisation and of dropout.")
     ppo_epochs: int = Field(default=2, ge=1, le=16, description="PPO: optimizer steps over each batch.")
-    kl_coef: float = Field(default=0.05, ge=0, description="PPO: the KL penalty's initial coefficient.")
+    kl_coef: float = Field(default=_KL.coef, ge=0, description="PPO: the KL penalty's initial coefficient.")
     kl_target: float | None = Field(
         default=None, gt=0, description="PPO: adapt the KL coefficient so the KL per sample tracks this."
     )
@@ -535,7 +545,7 @@ class HybridConfig(BaseModel):
     learning_rate: float = Field(default=1e-4, ge=0, le=1.0,
                                  description="The policy's AdamW rate (0: a control that learns nothing).")
     ppo_epochs: int = Field(default=2, ge=1, le=16, description="Optimizer steps over each batch.")
-    kl_coef: float = Field(default=0.05, ge=0, description="The KL penalty's initial coefficient.")
+    kl_coef: float = Field(default=_KL.coef, ge=0, description="The KL penalty's initial coefficient.")
     kl_target: float | None = Field(
         default=2.0, gt=0, description="Adapt the coefficient so the KL per completion tracks this (nats).")
     kl_horizon: int = Field(

@@ -20,7 +20,8 @@ def hybrid_cmd(
     """PPO on the HybridEngine: sample completions for recent prompts, score them with a reward model
     that learns from the stream's preference pairs, update the LoRA policy; publish versions to MLflow.
 
-    The layouts and the loop are the `hybrid.*` settings (`online-rl config` lists them).
+    The layouts and the loop are the `hybrid.*` settings (`online-rl config` lists them). This is the
+    trainer's rollout flow (`online-rl trainer` with `trainer.flow: rollout`).
     """
     from online_rl.hybrid.runner import run_hybrid
     from online_rl.ray_runtime import init_ray

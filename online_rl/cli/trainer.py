@@ -31,6 +31,9 @@ def trainer_cmd(
 ) -> None:
     """Train on the samples stream; checkpoint, commit and publish versions to MLflow as it goes.
 
+    `trainer.flow` chooses what runs on every batch: feedback (DPO/KTO/PPO on users' samples), rollout
+    (the hybrid engine on fresh rollouts, as `online-rl hybrid`) or 'package.module:function'.
+
     SIGTERM or SIGINT finish the current step (its checkpoint and commit) and exit cleanly.
     """
     from online_rl.ray_runtime import init_ray
@@ -50,6 +53,11 @@ def trainer_cmd(
         logger.info("metrics on http://0.0.0.0:%d/metrics", metrics_port)
     state = trainer.run(max_steps=max_steps, stop=stop, idle_exit_s=idle_exit)
     bus.close()
+    if trainer.kind == "rollout":
+        published = ", ".join(v.serving_name for v in state.published) or "none"
+        typer.echo(f"rollout flow: {state.steps} iteration(s) on {state.samples} sample(s) ({state.pairs} "
+                   f"pairs); published: {published}")
+        return
     published = ", ".join(v.serving_name for v in trainer.published) or "none"
     typer.echo(f"trained {state.samples} samples in {state.step} steps; dead-lettered {state.dead_lettered}; "
                f"published this run: {published}")

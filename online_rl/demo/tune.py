@@ -48,14 +48,15 @@ def measure_step(settings: Settings) -> StepTiming:
     from online_rl.hardware import model_hidden_size, resolve_precision
     from online_rl.launch.components import threads
     from online_rl.trainer.samples import Routed, shard
+    from online_rl.trainer.spec import trainer_specs
     from online_rl.trainer.worker import PolicyWorker
 
     cpus = max(1, int(threads(settings)[1]))
     torch.set_num_threads(cpus)
     choice = resolve_precision(settings.trainer.precision, "cpu", model_hidden_size(settings.model_dir), cpus,
                                settings.cache_dir, "trainer.precision", log_choice=False)
-    config = settings.trainer.model_dump(mode="json") | {"precision": choice.precision}
-    worker = PolicyWorker(str(settings.model_dir), config, cpus)
+    policy, _ = trainer_specs(settings)
+    worker = PolicyWorker(policy.resolved(choice.precision), cpus)
     rng = random.Random(0)
     ids = lambda n: [rng.randrange(100, 40000) for _ in range(n)]  # noqa: E731
     thumbs = [(ids(_PROMPT_TOKENS), ids(_ANSWER_TOKENS), i % 2 == 0) for i in range(_SAMPLES)]

@@ -14,6 +14,7 @@ from typing import Any
 
 from online_rl.errors import ConfigError
 from online_rl.ray_runtime import resolve_precision_on
+from online_rl.trainer.spec import HybridSpec
 
 __all__ = ["HybridGroup", "split"]
 
@@ -28,7 +29,7 @@ def split(items: Sequence[Any], parts: int) -> list[list[int]]:
 class HybridGroup:
     """`dp × fsdp` hybrid workers in one Ray placement group, joined in one process group."""
 
-    def __init__(self, model_dir: str, config: dict[str, Any], dp: int = 1, fsdp: int = 1, tp: int = 1,
+    def __init__(self, spec: HybridSpec, dp: int = 1, fsdp: int = 1, tp: int = 1,
                  cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, placement: str = "PACK",
                  cache_dir: Path | None = None) -> None:
         import ray
@@ -54,17 +55,17 @@ class HybridGroup:
             self.precision = resolve_precision_on(
                 PlacementGroupSchedulingStrategy(self.placement, 0),
                 {"num_cpus": cpus_per_worker, "num_gpus": gpus_per_worker},
-                str(config.get("precision", "fp32")), device, model_dir, max(1, int(cpus_per_worker)),
+                spec.model.precision, device, spec.model.model_dir, max(1, int(cpus_per_worker)),
                 cache_dir, "hybrid.precision")
         except Exception:
             ray.util.remove_placement_group(self.placement)
             raise
-        config = {**config, "precision": self.precision.precision}
+        self.spec = spec = spec.resolved(self.precision.precision)
         remote: Any = ray.remote(HybridWorker)
         self.workers = [
             remote.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
                            scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, r))
-            .remote(model_dir, config, max(1, int(cpus_per_worker)), device)
+            .remote(spec, max(1, int(cpus_per_worker)), device)
             for r in range(self.world)]
         try:
             address, port = ray.get(self.workers[0].rendezvous.remote())

@@ -23,7 +23,6 @@ import random
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,33 +30,19 @@ import torch
 from online_rl.algos import AdaptiveKLController, critic_free_advantages
 from online_rl.flow import FEEDBACK, REWARD_MODEL, combine, dead_letter_failures
 from online_rl.hybrid.group import HybridGroup
-from online_rl.trainer.ppo import advantages_for, ppo_config
+from online_rl.trainer.ppo import advantages_for
+from online_rl.trainer.spec import hybrid_specs
 
 if TYPE_CHECKING:
     from online_rl.bus import Bus, DeadLetters
     from online_rl.config import Settings
     from online_rl.flow import RewardFunctions, RewardScores
 
-__all__ = ["ColocatedPPO", "worker_config"]
+__all__ = ["ColocatedPPO"]
 
 logger = logging.getLogger(__name__)
 
 Pair = tuple[list[int], list[int], list[int]]
-
-
-def worker_config(settings: Settings) -> dict[str, Any]:
-    """What the hybrid, critic and reward actors need: the adapter's shape from `trainer`, the rest from
-    `hybrid`."""
-    trainer, hybrid = settings.trainer, settings.hybrid
-    return {"seed": trainer.seed, "lora_rank": trainer.lora_rank, "lora_alpha": trainer.lora_alpha,
-            "lora_targets": list(trainer.lora_targets), "precision": hybrid.precision,
-            "learning_rate": hybrid.learning_rate, "ppo_epochs": hybrid.ppo_epochs,
-            "kl_coef": hybrid.kl_coef, "kl_target": hybrid.kl_target,
-            "critic_learning_rate": hybrid.critic_learning_rate, "aligned": hybrid.aligned,
-            "reward_learning_rate": hybrid.reward_learning_rate, "reward_window": hybrid.reward_window,
-            "reward_batch": hybrid.reward_batch, "adapter_prefix": settings.mlflow.registered_model,
-            **({"clip_low": hybrid.critic_free.clip_low, "clip_high": hybrid.critic_free.clip_high,
-                "aggregation": hybrid.critic_free.loss_aggregation} if hybrid.critic_free else {})}
 
 
 class ColocatedPPO:
@@ -90,10 +75,9 @@ class ColocatedPPO:
         from online_rl.ray_runtime import resolve_precision_on
         from online_rl.trainer.critic import CriticWorker
 
-        self.worker_config = worker_config(settings)
-        model = str(settings.model_dir)
+        policy, critic, reward = hybrid_specs(settings)
         cpus = self.config.cpus_per_worker or max(1.0, float(settings.ray.num_cpus // self.config.world))
-        self.group = HybridGroup(model, self.worker_config, self.config.dp, self.config.fsdp, self.config.tp,
+        self.group = HybridGroup(policy, self.config.dp, self.config.fsdp, self.config.tp,
                                  cpus, self.config.gpus_per_worker, cache_dir=settings.cache_dir)
         # the critic and the reward model time-share device 0's bundle, as verl colocates them
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -104,16 +88,14 @@ class ColocatedPPO:
         self.precision = self.group.precision
         if self.config.gpus_per_worker:  # the policy's choice was the GPU's: theirs is the CPU's
             self.precision = resolve_precision_on(
-                share, {"num_cpus": 0}, self.config.precision, device, model, threads, settings.cache_dir,
-                "hybrid.precision (CPU)")
-        self.worker_config = {**self.worker_config, "precision": self.precision.precision}
+                share, {"num_cpus": 0}, self.config.precision, device, str(settings.model_dir), threads,
+                settings.cache_dir, "hybrid.precision (CPU)")
         if self.config.critic_free is None:
             self.critic = ray.remote(CriticWorker).options(num_cpus=0, scheduling_strategy=share).remote(
-                model, self.worker_config, threads, device)
+                critic.resolved(self.precision.precision), threads, device)
         self.reward = ray.remote(RewardWorker).options(num_cpus=0, scheduling_strategy=share).remote(
-            model, self.worker_config, threads, device)
-        base = ppo_config(self.worker_config)
-        self.ppo = replace(base, kl=replace(base.kl, horizon=self.config.kl_horizon))
+            reward.resolved(self.precision.precision), threads, device)
+        self.ppo = policy.ppo
         self.kl = AdaptiveKLController(self.ppo.kl)
         self.kl_coef = self.config.kl_coef
 
@@ -124,14 +106,13 @@ class ColocatedPPO:
 
         self.rule = settings.rewards.rule()
         self.functions: RewardFunctions | None = None
-        self.tokenizer: Any = None
         self.dead: DeadLetters | None = None
         self._producer: Any = None
         self.texts: dict[tuple[int, ...], str] = {}  # a prompt's text, for reward functions
-        if settings.rewards.functions:
-            from transformers import AutoTokenizer
+        from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(settings.model_dir)  # the rollouts' texts
+        if settings.rewards.functions:
             self.functions = RewardFunctions(settings.rewards.functions)
         if bus is not None:
             self._producer = bus.producer()
@@ -188,8 +169,9 @@ class ColocatedPPO:
             "generate_tokens_per_s": tokens / max(generated - switched, 1e-9),
             "adapter_sync_bytes": float(adapter_bytes)}
 
-    def rewards(self, rollouts: Sequence[tuple[list[int], list[int]]],
-                meta: dict[str, Any] | None = None) -> tuple[list[float | None], dict[str, float]]:
+    def rewards(self, rollouts: Sequence[tuple[list[int], list[int]]], meta: dict[str, Any] | None = None,
+                texts: tuple[list[str], list[str]] | None = None
+                ) -> tuple[list[float | None], dict[str, float]]:
         """Each rollout's reward by `settings.rewards`' rule (None: unscorable), and what it cost. Reward
         functions' failures go to the dead-letter topic; the rollouts they leave unscored are None."""
         import ray
@@ -200,7 +182,7 @@ class ColocatedPPO:
         metrics: dict[str, float] = {}
         if self.functions is not None:
             start = time.perf_counter()
-            prompts, completions = self._texts(rollouts)
+            prompts, completions = texts or self._texts(rollouts)
             metas = [{"step": self.steps, "row": i, **(meta or {})} for i in range(len(rollouts))]
             scored = self.functions.score(prompts, completions, metas)
             sources |= scored.values
@@ -244,35 +226,80 @@ class ColocatedPPO:
                    for p, _ in rollouts]
         return prompts, [self.tokenizer.decode(c, skip_special_tokens=True) for _, c in rollouts]
 
+    # -- one iteration, phase by phase: the rollout flow's nodes (online_rl/hybrid/runner.py) ---------
     def step(self) -> dict[str, float]:
-        """One iteration on fresh rollouts (call when `ready`): PPO with the critic, or critic-free."""
-        start = time.perf_counter()
-        metrics = self.learn_rewards()
+        """One iteration on fresh rollouts (call when `ready`): its phases in order, as the rollout flow
+        runs them; the iteration's metrics."""
+        data: dict[str, Any] = {}
+        for phase in (self.learn_phase, self.generate, self.reward_phase, self.advantage, self.update):
+            phase(data)
+        return self.finish(data)
+
+    def learn_phase(self, data: dict[str, Any]) -> None:
+        """The iteration starts: the reward model learns from the pairs that arrived."""
+        data["started"] = time.perf_counter()
+        data["metrics"] = self.learn_rewards()
+
+    def generate(self, data: dict[str, Any]) -> None:
+        """`rollout_batch` prompts from the window (× `group_size` answers critic-free), sampled with
+        the current policy: `prompts`, `rollouts` (prompt, completion ids), `behaviour` (the engine's
+        log-probs), `groups` (one id per prompt)."""
+        data.setdefault("started", time.perf_counter())
         critic_free = self.config.critic_free
         n = critic_free.group_size if critic_free is not None else 1
         prompts = [list(p) for p in self.random.choices(list(self.prompts), k=self.config.rollout_batch)]
         rollouts, behaviour, timing = self.rollouts([p for p in prompts for _ in range(n)])
-        rewards, reward_metrics = self.rewards(rollouts)
-        metrics |= timing | reward_metrics
-        kept = [i for i, r in enumerate(rewards) if r is not None]
-        rollouts, behaviour = [rollouts[i] for i in kept], [behaviour[i] for i in kept]
-        scores = [float(rewards[i]) for i in kept]  # type: ignore[arg-type]
+        data.setdefault("metrics", {}).update(timing)
+        data |= {"prompts": prompts, "rollouts": rollouts, "behaviour": behaviour,
+                 "groups": [i // n for i in range(len(rollouts))]}
+        # what a reward node reads: the texts, as reward functions see them
+        data["prompt_texts"], data["completions"] = self._texts(rollouts)
+
+    def reward_phase(self, data: dict[str, Any]) -> None:
+        """`rewards`: one per rollout by the rule of `settings.rewards` (None: unscored)."""
+        data["rewards"], metrics = self.rewards(data["rollouts"],
+                                                texts=(data["prompt_texts"], data["completions"]))
+        data["metrics"].update(metrics)
+
+    def advantage(self, data: dict[str, Any]) -> None:
+        """Drop the unscored rollouts; the policy's and the reference's log-probs of the rest (`old`,
+        `ref`). An iteration with fewer scored rollouts than devices is `skipped`."""
         self.steps += 1
-        if len(rollouts) < self.group.world:  # too few scored rollouts to give every device one
+        rewards = data["rewards"]
+        kept = [i for i, r in enumerate(rewards) if r is not None and math.isfinite(r)]
+        data["rollouts"] = [data["rollouts"][i] for i in kept]
+        data["behaviour"] = [data["behaviour"][i] for i in kept]
+        data["groups"] = [data["groups"][i] for i in kept]
+        data["scores"] = [float(rewards[i]) for i in kept]
+        if len(kept) < self.group.world:  # too few scored rollouts to give every device one
             logger.warning("hybrid step %d: %d of %d rollouts scored, too few to train on; skipped",
-                           self.steps, len(rollouts), len(rewards), extra={"event": "hybrid_step_skipped"})
-            return metrics | {"step": float(self.steps), "skipped": 1.0, "rollouts": float(len(rollouts)),
-                              "iteration_s": time.perf_counter() - start}
-        scored = self.group.score(rollouts)
-        old, ref = [s[0] for s in scored], [s[1] for s in scored]
-        if critic_free is None:
-            metrics |= self._gae_update(rollouts, behaviour, old, ref, scores)
+                           self.steps, len(kept), len(rewards), extra={"event": "hybrid_step_skipped"})
+            data["skipped"] = True
+            return
+        scored = self.group.score(data["rollouts"])
+        data["old"], data["ref"] = [s[0] for s in scored], [s[1] for s in scored]
+
+    def update(self, data: dict[str, Any]) -> None:
+        """The PPO step: with the critic (GAE) or critic-free (GRPO, RLOO, REINFORCE++)."""
+        if data.get("skipped"):
+            return
+        args = (data["rollouts"], data["behaviour"], data["old"], data["ref"], data["scores"])
+        if self.config.critic_free is None:
+            data["metrics"].update(self._gae_update(*args))
         else:
-            metrics |= self._critic_free_update(rollouts, behaviour, old, ref, scores, [i // n for i in kept])
-        gap = [abs(o - b) for row, served in zip(old, behaviour, strict=True)
+            data["metrics"].update(self._critic_free_update(*args, data["groups"]))
+        data["trained"] = True
+
+    def finish(self, data: dict[str, Any]) -> dict[str, float]:
+        """The iteration's metrics (and its log line)."""
+        metrics: dict[str, float] = data["metrics"]
+        metrics |= {"step": float(self.steps), "rollouts": float(len(data["rollouts"])),
+                    "iteration_s": time.perf_counter() - data["started"]}
+        if data.get("skipped"):
+            return metrics | {"skipped": 1.0}
+        gap = [abs(o - b) for row, served in zip(data["old"], data["behaviour"], strict=True)
                for o, b in zip(row, served, strict=True)]
-        metrics |= {"step": float(self.steps), "rollouts": float(len(rollouts)),
-                    "behaviour_gap": sum(gap) / max(1, len(gap)), "iteration_s": time.perf_counter() - start}
+        metrics["behaviour_gap"] = sum(gap) / max(1, len(gap))
         logger.info("hybrid step %d: reward %.3f kl %.3f in %.1fs", self.steps, metrics["reward"],
                     metrics["kl"], metrics["iteration_s"],
                     extra={"event": "hybrid_step", **{k: round(v, 6) for k, v in metrics.items()}})

@@ -11,13 +11,12 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from typing import Any
 
 import torch
 
-from online_rl.algos import RewardModel, RewardModelConfig, Sample, pack
+from online_rl.algos import RewardModel, Sample, pack
 from online_rl.algos.batch import autocast, reward_batch_loss
-from online_rl.algos.policy import LoraSpec, lora_policy
+from online_rl.trainer.spec import RewardSpec, adamw, build_lora, clipped_step
 
 __all__ = ["RewardWorker"]
 
@@ -25,23 +24,16 @@ Pair = tuple[list[int], list[int], list[int]]
 
 
 class RewardWorker:
-    def __init__(self, model_dir: str, config: dict[str, Any], threads: int = 1, device: str = "cpu") -> None:
-        from transformers import AutoModelForCausalLM
-
-        torch.set_num_threads(max(1, threads))
-        torch.manual_seed(config["seed"] + 2)
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        spec = LoraSpec(rank=config["lora_rank"], alpha=config["lora_alpha"],
-                        targets=tuple(config["lora_targets"]))
-        self.precision = config.get("precision", "fp32")
-        self.model = RewardModel(lora_policy(base, spec, self.precision)).to(device)
+    def __init__(self, spec: RewardSpec, threads: int = 1, device: str = "cpu") -> None:
+        self.precision = spec.model.compute
+        self.model = RewardModel(build_lora(spec.model, "reward", threads)[0]).to(device)
         self.device = device
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
-                                           lr=config["reward_learning_rate"])
-        self.window: deque[Pair] = deque(maxlen=config["reward_window"])
-        self.batch = config["reward_batch"]
-        self.loss_config = RewardModelConfig(center_coef=0.01)
-        self.random = random.Random(config["seed"])
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = adamw(self.parameters, spec.learning_rate)
+        self.window: deque[Pair] = deque(maxlen=spec.window)
+        self.batch = spec.batch
+        self.loss_config = spec.loss
+        self.random = random.Random(spec.model.seed)
         self.seen = 0
 
     def learn(self, pairs: list[Pair], steps: int) -> dict[str, float]:
@@ -57,9 +49,7 @@ class RewardWorker:
             batch = self.random.sample(list(self.window), min(self.batch, len(self.window)))
             out = reward_batch_loss(self.model, batch, self.loss_config, self.precision)
             out.loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            clipped_step(self.optimizer, self.parameters)
             metrics |= {"reward_loss": out.loss.item(), "reward_accuracy": out.accuracy.item()}
         return metrics | {"reward_step_s": time.perf_counter() - start}
 

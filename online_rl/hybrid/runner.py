@@ -1,8 +1,11 @@
-"""`online-rl hybrid`: colocated PPO fed by the live stream, publishing versions to MLflow.
+"""The rollout flow: colocated PPO (or GRPO/RLOO/REINFORCE++) fed by the live stream, publishing
+versions to MLflow. `online-rl hybrid` runs it, as does `online-rl trainer` with `trainer.flow: rollout`:
+the single controller (`online_rl.trainer.Trainer`) runs this program's nodes on every batch,
+`observe → reward_model → generate → reward → advantage → update → log → publish → commit`.
 
 Reads the joined samples (`orl.samples`): every sample's prompt joins the prompt window, every
 preference pair teaches the reward model. Once `hybrid.min_pairs` pairs have been seen, each
-iteration runs `ColocatedPPO.step`; every `hybrid.publish_every_steps` iterations the adapter is
+pass runs one iteration, phase by phase (`ColocatedPPO`'s phases); every `hybrid.publish_every_steps` iterations the adapter is
 published through the run's `TrainingRun` (online_rl/registry/runs.py, the trainer's path too): sealed
 with its complete lineage (the sample offsets read since the last version, the versions that served
 and the reward mappings that scored the samples it used, its parent), registered as a new version and
@@ -13,17 +16,17 @@ committed offsets (see docs/hybrid.md).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from online_rl.bus import Bus, CommitFailed, TopicPartition, open_bus
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
+from online_rl.flow.graph import Flow, Step
 from online_rl.registry import PublishedVersion, TrainingRun, VersionLineage, offset_ranges, served_by
 from online_rl.stream import Stream
 
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
     from online_rl.config import Settings
     from online_rl.hybrid.loop import ColocatedPPO
 
-__all__ = ["HybridRun", "run_hybrid"]
+__all__ = ["HybridRun", "RolloutProgram", "run_hybrid"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,65 +72,135 @@ def _observe(loop: ColocatedPPO, samples: list[TrainingSample], model: str, stat
     return len(pairs)
 
 
+class RolloutProgram:
+    """The rollout flow's nodes and what they share: the colocated PPO loop (`ColocatedPPO`), this
+    lifetime's MLflow run and the run's state. The single controller (`online_rl.trainer.Trainer`)
+    opens it, runs its flow on every batch and closes it."""
+
+    batch_size, batch_timeout_s = 256, 0.5
+
+    def __init__(self, settings: Settings, bus: Bus) -> None:
+        if not (settings.model_dir / "config.json").is_file():
+            raise ConfigError(f"model.path={settings.model_dir} holds no model (no config.json): run "
+                              "`online-rl model prepare` for the embedded default, or set model.path")
+        self.settings, self.bus, self.config = settings, bus, settings.hybrid
+        self.state = HybridRun()
+        self.loop: ColocatedPPO | None = None
+        self.run: TrainingRun | None = None
+        self.stream: Stream[TrainingSample] | None = None
+
+    @property
+    def steps(self) -> int:
+        return self.state.steps
+
+    def flow(self) -> Flow:
+        return Flow("rollout", [("observe", self.observe), ("reward_model", self.reward_model),
+                                ("generate", self.generate), ("reward", self.reward),
+                                ("advantage", self.advantage), ("update", self.update), ("log", self.log),
+                                ("publish", self.publish), ("commit", self.commit)], kind="rollout")
+
+    def open(self) -> Stream[TrainingSample]:
+        """The loop's actors up, the MLflow run open; the samples stream to read."""
+        from online_rl.hybrid.loop import ColocatedPPO
+
+        topics = self.settings.topics
+        self.loop = ColocatedPPO(self.settings, self.bus)  # the bus: reward functions' dead letters
+        # opened once the policy's precision is resolved: it is part of the config (and its hash)
+        self.run = TrainingRun.open(self.settings, "hybrid", self.loop.group.precision)
+        self.stream = Stream.from_topic(topics.samples, self.bus, dlq_topic=topics.dlq,
+                                        group_id=self.config.group_id)
+        return self.stream
+
+    def busy(self, batch: Any) -> bool:
+        """Whether a pass on `batch` may run an iteration (the consumer is held while it does)."""
+        return bool(batch.items) or (self.loop is not None and self.loop.ready)
+
+    def close(self, failed: bool) -> None:
+        try:
+            if self.run is not None:
+                self.run.close(failed)
+        finally:
+            if self.loop is not None:
+                self.loop.close()
+
+    @property
+    def ppo(self) -> ColocatedPPO:
+        if self.loop is None:
+            raise RuntimeError("the rollout flow is not running (call Trainer.run)")
+        return self.loop
+
+    # -- the nodes -------------------------------------------------------------------------------
+    def observe(self, step: Step) -> None:
+        """The batch's prompts join the window, its pairs teach the reward model; the pass ends here
+        until `hybrid.min_pairs` pairs have been seen (or when the controller is stopping)."""
+        state, batch = self.state, step.batch
+        state.pairs += _observe(self.ppo, batch.items, self.settings.model.name, state)
+        state.samples += len(batch.items)
+        for tp, end in batch.offsets.items():
+            state.offsets[tp] = max(state.offsets.get(tp, 0), end)
+        if step.stopping or not self.ppo.ready:
+            step.stop()
+
+    def reward_model(self, step: Step) -> None:
+        step.counts = True
+        self.ppo.learn_phase(step.data)
+
+    def generate(self, step: Step) -> None:
+        self.ppo.generate(step.data)
+
+    def reward(self, step: Step) -> None:
+        self.ppo.reward_phase(step.data)
+
+    def advantage(self, step: Step) -> None:
+        self.ppo.advantage(step.data)
+
+    def update(self, step: Step) -> None:
+        self.ppo.update(step.data)
+        step.trained = bool(step.data.get("trained"))
+
+    def log(self, step: Step) -> None:
+        """The iteration's metrics: to the run's history and to MLflow (`hybrid_*`)."""
+        assert self.run is not None
+        metrics = self.ppo.finish(step.data)
+        self.state.steps += 1
+        self.state.history.append(metrics)
+        self.run.log_metrics(metrics, self.state.steps, prefix="hybrid_")
+        step.data["iteration"] = metrics
+        step.metrics |= metrics
+
+    def publish(self, step: Step) -> None:
+        if step.data.get("iteration") and self.state.steps % self.config.publish_every_steps == 0:
+            assert self.run is not None
+            _publish(self.settings, self.run, self.ppo, self.state)
+            step.data["published"] = True
+
+    def commit(self, step: Step) -> None:
+        if step.data.get("published") and self.stream is not None:
+            _commit(self.stream, self.state)
+
+
 def run_hybrid(settings: Settings, bus: Bus | None = None, max_steps: int | None = None,
                stop: threading.Event | None = None,
                on_step: Callable[[ColocatedPPO, dict[str, float]], None] | None = None,
                on_ready: Callable[[ColocatedPPO], None] | None = None) -> HybridRun:
-    """Run the loop until `max_steps` iterations, or until `stop` is set. `on_ready` is called once
-    before the first iteration, `on_step` after each (for evaluations and progress)."""
-    from online_rl.hybrid.loop import ColocatedPPO
+    """The rollout flow on the single controller, until `max_steps` iterations, or until `stop` is set.
+    `on_ready` is called once before the first iteration, `on_step` after each (for evaluations and
+    progress): two nodes added to the flow."""
+    from online_rl.trainer import Trainer
 
-    if not (settings.model_dir / "config.json").is_file():
-        raise ConfigError(f"model.path={settings.model_dir} holds no model (no config.json): run "
-                          "`online-rl model prepare` for the embedded default, or set model.path")
-    config = settings.hybrid
-    bus = bus or open_bus(settings)
-    topics = settings.topics
-    topic = topics.samples
-    stream: Stream[TrainingSample] = Stream.from_topic(topic, bus, dlq_topic=topics.dlq,
-                                                       group_id=config.group_id)
-    state = HybridRun()
-    loop: ColocatedPPO | None = None
-    run: TrainingRun | None = None
-    failed = True
-    try:
-        loop = ColocatedPPO(settings, bus)  # the bus: reward functions' failures go to its dead letters
-        # opened once the policy's precision is resolved: it is part of the config (and its hash)
-        run = TrainingRun.open(settings, "hybrid", loop.group.precision)
-        for batch in stream.batch(256, timeout=0.5, idle_batches=True):
-            state.pairs += _observe(loop, batch.items, settings.model.name, state)
-            state.samples += len(batch.items)
-            for tp, end in batch.offsets.items():
-                state.offsets[tp] = max(state.offsets.get(tp, 0), end)
-            if stop is not None and stop.is_set():
-                break
-            if not loop.ready:
-                continue
-            if state.steps == 0 and on_ready is not None:
-                on_ready(loop)
-            # an iteration may outlast max.poll.interval.ms: the consumer keeps polling meanwhile
-            with stream.consumer.hold() if stream.consumer is not None else contextlib.nullcontext():
-                metrics = loop.step()
-                state.steps += 1
-                state.history.append(metrics)
-                run.log_metrics(metrics, state.steps, prefix="hybrid_")
-                if on_step is not None:
-                    on_step(loop, metrics)
-                if state.steps % config.publish_every_steps == 0:
-                    _publish(settings, run, loop, state)
-                    _commit(stream, state)
-            if (max_steps is not None and state.steps >= max_steps) or (stop is not None and stop.is_set()):
-                break
-        failed = False
-    finally:
-        stream.close()
-        try:
-            if run is not None:
-                run.close(failed)
-        finally:
-            if loop is not None:
-                loop.close()
-    return state
+    trainer = Trainer(settings, bus or open_bus(settings), flow="rollout")
+    program = trainer.rollout
+    assert program is not None
+    if on_ready is not None:
+        def ready(step: Step) -> None:
+            if program.state.steps == 0:
+                on_ready(program.ppo)
+
+        trainer.flow.add("on_ready", ready, before="reward_model")
+    if on_step is not None:
+        trainer.flow.add("on_step", lambda step: on_step(program.ppo, step.data["iteration"]), after="log")
+    trainer.run(max_steps=max_steps, stop=stop)
+    return program.state
 
 
 def _commit(stream: Stream[TrainingSample], state: HybridRun) -> None:

@@ -23,12 +23,11 @@ import torch.distributed as dist
 
 from online_rl.algos import Sample, pack, policy_loss
 from online_rl.algos.batch import autocast
-from online_rl.algos.policy import LoraSpec, lora_policy
 from online_rl.hybrid.engine import Resharder, TransitionStats, cut
 from online_rl.hybrid.layout import GenerationLayout, TrainingLayout, contains, llama_specs
 from online_rl.hybrid.plan import ReshardPlan, plan_reshard
 from online_rl.hybrid.tp import TensorParallelLlama
-from online_rl.trainer.ppo import ppo_config
+from online_rl.trainer.spec import HybridSpec, adamw, build_lora, clipped_step
 from online_rl.trainer.worker import PolicyWorker
 
 __all__ = ["HybridWorker"]
@@ -45,9 +44,9 @@ def _full(parameter: Any) -> torch.Tensor:
 class HybridWorker:
     """One device's policy: FSDP training shards, and (in generation mode) its tensor-parallel shards."""
 
-    def __init__(self, model_dir: str, config: dict[str, Any], threads: int = 1, device: str = "cpu") -> None:
+    def __init__(self, spec: HybridSpec, threads: int = 1, device: str = "cpu") -> None:
         torch.set_num_threads(max(1, threads))
-        self.model_dir, self.config, self.device = model_dir, config, device
+        self.spec, self.threads, self.device = spec, threads, device
         self.engine: TensorParallelLlama | None = None
         self.adapter_name: str | None = None
         self.syncs = 0
@@ -63,7 +62,6 @@ class HybridWorker:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor import Shard
-        from transformers import AutoModelForCausalLM
 
         self.layout = TrainingLayout(**training)
         world = self.layout.world
@@ -71,20 +69,18 @@ class HybridWorker:
         dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(minutes=10))
         self.rank = rank
-        config = self.config
-        torch.manual_seed(config["seed"])
-        base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
-        self.model_config = base.config
-        spec = LoraSpec(rank=config["lora_rank"], alpha=config["lora_alpha"],
-                        targets=tuple(config["lora_targets"]))
-        self.lora_scale = spec.alpha / spec.rank
-        self.policy = lora_policy(base, spec).to(self.device)
+        spec = self.spec
+        # the base stays float32 here: FSDP shards it, autocast does the casting
+        self.policy, self.model_config = build_lora(spec.model, "policy", self.threads, cast=False)
+        self.lora_scale = spec.model.lora.alpha / spec.model.lora.rank
+        self.policy.to(self.device)
         named = list(self.policy.named_parameters())
         base_named = [(n, p) for n, p in named if not p.requires_grad]
         lora_named = [(n, p) for n, p in named if p.requires_grad]
-        aligned = bool(config.get("aligned", True))
-        self.base_specs = llama_specs([(n, p.shape) for n, p in base_named], base.config, aligned=aligned)
-        self.lora_specs = llama_specs([(n, p.shape) for n, p in lora_named], base.config, aligned=aligned)
+        self.base_specs = llama_specs([(n, p.shape) for n, p in base_named], self.model_config,
+                                      aligned=spec.aligned)
+        self.lora_specs = llama_specs([(n, p.shape) for n, p in lora_named], self.model_config,
+                                      aligned=spec.aligned)
         everything = zip(base_named + lora_named, self.base_specs + self.lora_specs, strict=True)
         placement = {id(p): Shard(s.train_dim) for (_, p), s in everything}
         if self.layout.dp > 1:
@@ -99,8 +95,8 @@ class HybridWorker:
         params = dict(self.policy.named_parameters())
         self.base_params = [params[n] for n, _ in base_named]
         self.lora_params = [params[n] for n, _ in lora_named]
-        self.optimizer = torch.optim.AdamW(self.lora_params, lr=config["learning_rate"])
-        self.ppo = ppo_config(config)
+        self.optimizer = adamw(self.lora_params, spec.learning_rate)
+        self.ppo = spec.ppo
         generation = GenerationLayout(tp)
         self.base_plan: ReshardPlan = plan_reshard(self.base_specs, self.layout, generation)
         # the adapter's shards go where the base's went: the same roles, whatever its own overlaps
@@ -140,7 +136,7 @@ class HybridWorker:
                     self._release_training(weights)
             lora, adapter = self._move(self.lora_resharder, [_local(p) for p in self.lora_params], method)
             self.syncs += 1
-            name = f"{self.config.get('adapter_prefix', 'policy')}-sync{self.syncs}"
+            name = f"{self.spec.adapter_prefix}-sync{self.syncs}"
             self.engine.load_adapter(name, {s.name: t for s, t in zip(self.lora_specs, lora, strict=True)},
                                      self.lora_scale)
             self.adapter_name = name
@@ -243,7 +239,7 @@ class HybridWorker:
         the embedding and the tied LM head included, is gathered on the way)."""
         from online_rl.algos.attention import packed_attention
 
-        with packed_attention(self.model_config), autocast(self.config.get("precision", "fp32"),
+        with packed_attention(self.model_config), autocast(self.spec.model.compute,
                                                            self.device.split(":")[0]):
             logits = self.policy(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
                                  packed_layout=batch.attention, logits_to_keep=batch.predict_at).logits[0]
@@ -275,16 +271,13 @@ class HybridWorker:
         adv_padded, _ = batch.padded(flat(advantages))
         behaviour_padded, _ = batch.padded(flat(behaviour))
         metrics: dict[str, float] = {}
-        for _ in range(self.config["ppo_epochs"]):
+        for _ in range(self.spec.epochs):
             logprobs, _ = batch.padded(self._logprobs(batch))
             loss = policy_loss(logprobs, old_padded, adv_padded, mask, self.ppo, behaviour_padded)
             loss.loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(self.lora_params, 1.0)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            norm = clipped_step(self.optimizer, self.lora_params)
             metrics = {"ppo_loss": loss.loss.item(), "ppo_clip_fraction": loss.clip_fraction.item(),
-                       "ppo_approx_kl": loss.approx_kl.item(),
-                       "grad_norm": float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)}
+                       "ppo_approx_kl": loss.approx_kl.item(), "grad_norm": norm}
         return metrics | {"step_s": time.perf_counter() - start}
 
     def adapter_files(self) -> dict[str, bytes] | None:
@@ -303,5 +296,5 @@ class HybridWorker:
             return None
         with tempfile.TemporaryDirectory(prefix="orl-adapter-") as tmp:
             save_file(state, str(Path(tmp) / "adapter_model.safetensors"))
-            self.policy.peft_config["default"].save_pretrained(tmp)
+            self.policy.active_peft_config.save_pretrained(tmp)  # the trained adapter's LoRA config
             return folder_files(Path(tmp))

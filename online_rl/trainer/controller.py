@@ -1,7 +1,10 @@
-"""The trainer's single controller: collect, score, update, checkpoint, publish — forever.
+"""The trainer's single controller: read a batch, run a flow of named nodes on it — forever.
 
-The driver process runs the loop as readable phases; the policy lives in a group of data-parallel
-Ray actors (`WorkerGroup` of `PolicyWorker`s). One MLflow run covers the trainer's lifetime (its
+`Trainer.run` reads batches from the samples topic and runs a flow (`online_rl.flow.graph`) on each.
+Two flows are built in: `feedback` (below: score → update → evaluate → publish → checkpoint →
+commit) and `rollout` (`online_rl.hybrid.runner`: fresh rollouts on the hybrid engine); a user adds,
+replaces or removes nodes (docs/trainer.md#flows). In the feedback flow the policy lives in a group
+of data-parallel Ray actors (`WorkerGroup` of `PolicyWorker`s). One MLflow run covers the trainer's lifetime (its
 resolved config as params, a metric row per step). Exactly-once effect: a batch's offsets are
 committed to the bus only after the checkpoint that includes its update is durable, and a restart
 resumes from the newest readable checkpoint at *its* offsets. Samples the trainer can never use go
@@ -28,6 +31,8 @@ from online_rl.algos import AdaptiveKLController
 from online_rl.bus import Bus, CommitFailed, DeadLetters, TopicPartition, open_bus
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
+from online_rl.flow.errors import FlowError
+from online_rl.flow.graph import Flow, Step
 from online_rl.registry import (
     LINEAGE_NAME,
     PublishedVersion,
@@ -44,12 +49,15 @@ from online_rl.stream import Batch, Stream
 from online_rl.trainer.checkpoint import Checkpoint, CheckpointStore
 from online_rl.trainer.errors import CheckpointAhead
 from online_rl.trainer.evaluation import EvalSet, eval_gain
+from online_rl.trainer.flows import FlowBuilder, Parallel, build_flow, check_engine, with_layout
 from online_rl.trainer.metrics import TrainerMetrics
-from online_rl.trainer.ppo import advantages_for, ppo_config
+from online_rl.trainer.ppo import advantages_for
 from online_rl.trainer.samples import Routed, anchor_sequences, held_out, load_cold_start, route
+from online_rl.trainer.spec import trainer_specs
 
 if TYPE_CHECKING:
     from online_rl.config import Settings
+    from online_rl.hybrid.runner import RolloutProgram
     from online_rl.trainer.group import WorkerGroup
 
 __all__ = ["Trainer", "TrainerState", "drop_trained"]
@@ -117,22 +125,58 @@ class TrainerState:
 
 
 class Trainer:
-    """The long-running trainer over `settings` (bus, MLflow, Ray and `settings.trainer`)."""
+    """The single controller: reads batches from the samples topic and runs a flow on each.
 
-    def __init__(self, settings: Settings, bus: Bus | None = None) -> None:
-        self.settings = settings
+    `flow`: `feedback` (the data-parallel policy workers learn from users' samples: DPO, KTO, PPO),
+    `rollout` (the hybrid workers learn from fresh rollouts: PPO or GRPO/RLOO/REINFORCE++, see
+    `online_rl.hybrid`), `"module:attr"` or a callable `build(trainer) -> Flow` that starts from
+    `trainer.default_flow(kind)` and adds, replaces or removes nodes; default `settings.trainer.flow`.
+    `policy`, `parallel` and `engine` are shorthands for the settings they name (see `Parallel`)."""
+
+    def __init__(self, settings: Settings | None = None, bus: Bus | None = None, *,
+                 flow: str | FlowBuilder | None = None, policy: str | Path | None = None,
+                 parallel: Parallel | None = None, engine: str | None = None) -> None:
+        from online_rl.config import load_settings
+
+        settings = settings if settings is not None else load_settings()
+        self.settings = settings = with_layout(settings, policy, parallel, engine)
         self.config = settings.trainer
         self.bus = bus or open_bus(settings)
         self.topics = settings.topics
         self.store = CheckpointStore(settings.checkpoint_dir, keep=self.config.keep_checkpoints)
-        self.resolved = self.config.model_dump(mode="json")  # what the workers are built from
-        self.ppo_config = ppo_config(self.resolved)
+        self.specs = trainer_specs(settings)  # what the workers are built from
+        self.ppo_config = self.specs[0].ppo
         self.published: list[PublishedVersion] = []
         self.metrics = TrainerMetrics()
         self._group: WorkerGroup | None = None
         self._run: TrainingRun | None = None
         self.state: TrainerState | None = None  # while running: the live state (read-only for others)
         self._publish_requested = threading.Event()
+        self.kind: str | None = None  # the kind of flow this trainer runs, once built
+        self.rollout: RolloutProgram | None = None
+        self.flow = build_flow(self, flow if flow is not None else self.config.flow)
+        check_engine(self.flow.kind, engine, parallel)
+
+    def default_flow(self, kind: str) -> Flow:
+        """A fresh copy of the built-in flow `kind` (`feedback` or `rollout`), its nodes bound to this
+        trainer; one trainer runs one kind."""
+        if self.kind is not None and kind != self.kind:
+            raise FlowError(f"this trainer already runs a {self.kind} flow; a {kind} flow needs its own "
+                            "Trainer")
+        if kind == "feedback":
+            flow = Flow("feedback", [("score", self._score_node), ("update", self._update_node),
+                                     ("evaluate", self._evaluate_node), ("publish", self._publish_node),
+                                     ("checkpoint", self._checkpoint_node), ("commit", self._commit_node)])
+        elif kind == "rollout":
+            from online_rl.hybrid.runner import RolloutProgram
+
+            if self.rollout is None:
+                self.rollout = RolloutProgram(self.settings, self.bus)
+            flow = self.rollout.flow()
+        else:
+            raise FlowError(f"trainer.flow={kind!r} is not feedback, rollout or 'package.module:function'")
+        self.kind = kind
+        return flow
 
     # -- set-up ---------------------------------------------------------------------------------
     def _start(self) -> TrainerState:
@@ -144,7 +188,7 @@ class Trainer:
             raise ConfigError(f"model.path={self.settings.model_dir} holds no model (no config.json): "
                               "run `online-rl model prepare` for the embedded default, or set model.path")
         init_ray(self.settings)
-        self._group = WorkerGroup(self.settings, self.resolved)
+        self._group = WorkerGroup(self.settings, *self.specs)
         self.context = self._group.context_length()
         self.vocab = self._group.vocab_size()
         # the run's params: the resolved config, with what `precision` resolved to on the workers' device
@@ -194,41 +238,27 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, max_steps: int | None = None, stop: threading.Event | None = None,
-            idle_exit_s: float | None = None) -> TrainerState:
-        """Train until `stop` is set, `max_steps` steps were taken in this call, or (with
-        `idle_exit_s`) the stream stayed empty that long. Returns the final state."""
-        stream: Stream[TrainingSample] | None = None
+            idle_exit_s: float | None = None) -> Any:
+        """Run the flow on every batch until `stop` is set, `max_steps` steps were taken in this call,
+        or (with `idle_exit_s`) nothing was trained that long. Returns the flow's final state (a
+        `TrainerState`; the rollout flow's `HybridRun`)."""
+        program: Any = self.rollout if self.kind == "rollout" else self
+        stream: Any = None
         failed = True
         try:
-            state = self._start()
-            self.state = state
-            # Where to (re)start each partition: always the last durable checkpoint's offsets, kept
-            # up to date below and read at every assignment, so a rebalance cannot replay trained
-            # records; a partition the checkpoint never saw starts at its beginning.
-            self._durable = dict(state.offsets)
-            stream = Stream.from_topic(self.topics.samples, self.bus, group_id=self.config.group_id,
-                                       start_offsets=self._durable, start_missing_at=0,
-                                       dlq_topic=self.topics.dlq)
-            if self.cold_start:  # against forgetting: a fixed share of every batch from a known set
-                stream = stream.mix(self.cold_start, self.config.cold_start_weight,
-                                    seed=self.config.seed + state.step)
-            dead = DeadLetters(self.bus.producer(), "trainer", self.topics.dlq)
+            stream = program.open()
             taken, idle_since = 0, time.monotonic()
-            for batch in stream.batch(self.config.batch_size, timeout=self.config.batch_timeout_s,
+            for batch in stream.batch(program.batch_size, timeout=program.batch_timeout_s,
                                       idle_batches=True):
-                drop_trained(batch, state.offsets)
-                if batch.items or batch.offsets:
-                    # A step may outlast max.poll.interval.ms: the consumer keeps polling (its partitions
-                    # paused) meanwhile, so the group does not evict the trainer mid-step.
-                    with self._held(stream):
-                        trained = self._step(state, batch, dead)
-                    if trained:
-                        idle_since = time.monotonic()
-                    taken += 1
-                elif self._due(state):  # idle: only time can make something due
-                    with self._held(stream):
-                        self._publish(state)
-                        self._checkpoint(state)
+                step = Step(number=program.steps, batch=batch, stopping=stop is not None and stop.is_set())
+                step.data["stream"] = stream
+                # A step may outlast max.poll.interval.ms: the consumer keeps polling (its partitions
+                # paused) meanwhile, so the group does not evict the trainer mid-step.
+                with self._held(stream) if program.busy(batch) else nullcontext():
+                    self.flow.run(step)
+                if step.trained:
+                    idle_since = time.monotonic()
+                taken += step.counts
                 if ((stop is not None and stop.is_set()) or (max_steps is not None and taken >= max_steps)
                         or (idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s)):
                     break
@@ -236,41 +266,109 @@ class Trainer:
         finally:
             if stream is not None:
                 stream.close()
-            self.close(failed)
-        return state
+            program.close(failed)
+        return program.state
 
-    def _step(self, state: TrainerState, batch: Batch[TrainingSample], dead: DeadLetters) -> bool:
-        """One batch: score, update, evaluate and publish when due, checkpoint, then commit.
-        Whether anything was trained."""
-        routed, held = self._score(batch.items, batch.records, dead)                  # score
+    # -- the feedback flow: what `run` needs of it, then its nodes ------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def batch_timeout_s(self) -> float:
+        return self.config.batch_timeout_s
+
+    @property
+    def steps(self) -> int:
+        return self.state.step if self.state is not None else 0
+
+    def open(self) -> Stream[TrainingSample]:
+        """Workers up, the run open, the state resumed; the samples stream to read from."""
+        self.state = state = self._start()
+        # Where to (re)start each partition: always the last durable checkpoint's offsets, kept
+        # up to date below and read at every assignment, so a rebalance cannot replay trained
+        # records; a partition the checkpoint never saw starts at its beginning.
+        self._durable = dict(state.offsets)
+        stream: Stream[TrainingSample] = Stream.from_topic(
+            self.topics.samples, self.bus, group_id=self.config.group_id, start_offsets=self._durable,
+            start_missing_at=0, dlq_topic=self.topics.dlq)
+        if self.cold_start:  # against forgetting: a fixed share of every batch from a known set
+            stream = stream.mix(self.cold_start, self.config.cold_start_weight,
+                                seed=self.config.seed + state.step)
+        self._dead = DeadLetters(self.bus.producer(), "trainer", self.topics.dlq)
+        return stream
+
+    def busy(self, batch: Batch[TrainingSample]) -> bool:
+        """Whether a pass on `batch` does work (the consumer is held while it does)."""
+        return bool(batch.items or batch.offsets) or (self.state is not None and self._due(self.state))
+
+    @property
+    def _live(self) -> TrainerState:
+        if self.state is None:
+            raise RuntimeError("the trainer is not running (call run)")
+        return self.state
+
+    def _score_node(self, step: Step) -> None:
+        """Route the batch's samples to their losses (`routed`), hold some out for evaluation,
+        dead-letter the unusable; a batch with nothing new is `idle`."""
+        state, batch = self._live, step.batch
+        drop_trained(batch, state.offsets)
+        if not (batch.items or batch.offsets):
+            step.data["idle"] = True  # only time can make something due: a publish, and its checkpoint
+            return
+        step.counts = True
+        routed, held = self._score(batch.items, batch.records, self._dead)
         self.evalset.add(held)
         state.skipped += routed.skipped
         state.dead_lettered += len(routed.unusable)
         self.metrics.dead_letters.inc(len(routed.unusable))
         for tp, offset in batch.offsets.items():
             state.offsets[tp] = max(offset, state.offsets.get(tp, 0))
-        if routed.trained and not self._update(state, routed):                       # update
-            # a non-finite loss or gradient: that update was skipped and the batch's trained samples go to
-            # the dead-letter topic for inspection
-            trained = set(routed.pair_ids) | set(routed.thumb_ids) | set(routed.rollout_ids)
-            skipped = [record for sample, record in zip(batch.items, batch.records, strict=True)
-                       if record is not None and sample.sample_id in trained]
-            for record in skipped:
-                dead.send(record, "the trainer's step on this batch had a non-finite loss or gradient; "
-                                  "the update was skipped")
-            dead.flush()
-            state.dead_lettered += len(skipped)
-            self.metrics.dead_letters.inc(len(skipped))
-        elif routed.trained:
-            state.cold_since_publish += batch.cold_start
-            if self.evalset and state.step % self.config.eval_every_steps == 0:
-                self._evaluate(state)                                                # evaluate
-        if self._due(state):
-            self._publish(state)                                                     # publish
-        self._checkpoint(state)                                                      # make it durable
-        self._durable.update(state.offsets)  # where any (re)assigned partition starts from now on
-        self._commit(batch, state)                                                   # then commit
-        return routed.trained > 0
+        step.data["routed"] = routed
+
+    def _update_node(self, step: Step) -> None:
+        """One update on `routed` (DPO/KTO, PPO on rollouts); a non-finite loss or gradient skips it
+        and sends the batch's trained samples to the dead-letter topic for inspection."""
+        state, routed = self._live, step.data.get("routed")
+        if routed is None or not routed.trained:
+            return
+        step.trained = True
+        if self._update(state, routed):
+            state.cold_since_publish += step.batch.cold_start
+            step.data["updated"] = True
+            return
+        trained = set(routed.pair_ids) | set(routed.thumb_ids) | set(routed.rollout_ids)
+        skipped = [record for sample, record in zip(step.batch.items, step.batch.records, strict=True)
+                   if record is not None and sample.sample_id in trained]
+        for record in skipped:
+            self._dead.send(record, "the trainer's step on this batch had a non-finite loss or gradient; "
+                                    "the update was skipped")
+        self._dead.flush()
+        state.dead_lettered += len(skipped)
+        self.metrics.dead_letters.inc(len(skipped))
+
+    def _evaluate_node(self, step: Step) -> None:
+        """The held-out score, every `eval_every_steps` updates."""
+        state = self._live
+        if step.data.get("updated") and self.evalset and state.step % self.config.eval_every_steps == 0:
+            step.metrics |= self._evaluate(state)
+
+    def _publish_node(self, step: Step) -> None:
+        """A new version when one is due (samples, time, a request, an evaluation's gain)."""
+        if self._due(self._live):
+            step.data["published"] = self._publish(self._live)
+
+    def _checkpoint_node(self, step: Step) -> None:
+        """Make the step durable: adapter, optimizer, RNG, offsets and state on disk."""
+        if step.data.get("idle") and "published" not in step.data:
+            return
+        self._checkpoint(self._live)
+        self._durable.update(self._live.offsets)  # where any (re)assigned partition starts from now on
+
+    def _commit_node(self, step: Step) -> None:
+        """Then commit the batch's offsets (after the checkpoint that holds its update)."""
+        if not step.data.get("idle"):
+            self._commit(step.batch, self._live)
 
     @staticmethod
     def _held(stream: Stream[Any]) -> AbstractContextManager[None]:

@@ -15,8 +15,8 @@ import torch
 
 from online_rl.algos import Sample, hidden_states, pack, value_loss
 from online_rl.algos.batch import autocast
-from online_rl.algos.policy import LoraSpec, lora_policy, trainable_parameters
-from online_rl.trainer.ppo import ppo_config
+from online_rl.algos.policy import trainable_parameters
+from online_rl.trainer.spec import CriticSpec, adamw, build_lora, clipped_step, set_learning_rate
 
 __all__ = ["CriticWorker"]
 
@@ -26,26 +26,19 @@ _HEAD = "value_head."
 class CriticWorker:
     """The value model and its AdamW optimizer."""
 
-    def __init__(self, model_dir: str, config: dict[str, Any], threads: int = 1, device: str = "cpu") -> None:
-        from transformers import AutoModelForCausalLM
-
-        torch.set_num_threads(max(1, threads))
-        torch.manual_seed(config["seed"] + 1)
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        spec = LoraSpec(rank=config["lora_rank"], alpha=config["lora_alpha"],
-                        targets=tuple(config["lora_targets"]))
-        self.precision = config["precision"]
+    def __init__(self, spec: CriticSpec, threads: int = 1, device: str = "cpu") -> None:
+        self.spec = spec
+        self.precision = spec.model.compute
         self.device = device
-        self.model = lora_policy(base, spec, self.precision).to(device)
-        self.head = torch.nn.Linear(base.config.hidden_size, 1).to(device)
+        self.model, base_config = build_lora(spec.model, "critic", threads)
+        self.model.to(device)
+        self.head = torch.nn.Linear(base_config.hidden_size, 1).to(device)
         torch.nn.init.zeros_(self.head.weight)  # values start at 0: the first advantages are the rewards
         torch.nn.init.zeros_(self.head.bias)
         self.parameters = trainable_parameters(self.model) | {
             _HEAD + name: p for name, p in self.head.named_parameters()}
-        self.learning_rate = config["critic_learning_rate"]
-        self.optimizer = torch.optim.AdamW(list(self.parameters.values()), lr=self.learning_rate)
-        self.ppo = ppo_config(config)
-        self.epochs = config["ppo_epochs"]
+        self.optimizer = adamw(self.parameters.values(), spec.learning_rate)
+        self.ppo = spec.ppo
 
     def _values(self, rollouts: list[Any]) -> tuple[Any, torch.Tensor]:
         batch = pack([Sample(prompt, (completion,)) for prompt, completion, _, _ in rollouts]).to(self.device)
@@ -66,16 +59,14 @@ class CriticWorker:
         """`ppo_epochs` steps of the clipped value loss towards the returns."""
         start = time.perf_counter()
         metrics: dict[str, float] = {}
-        for _epoch in range(self.epochs):
+        for _epoch in range(self.spec.epochs):
             batch, values = self._values(rollouts)
             padded, mask = batch.padded(values)
             target, _ = batch.padded(torch.tensor([x for row in returns for x in row], device=self.device))
             old, _ = batch.padded(torch.tensor([x for row in old_values for x in row], device=self.device))
             loss = value_loss(padded, old, target, mask, self.ppo)
             loss.loss.backward()
-            torch.nn.utils.clip_grad_norm_(list(self.parameters.values()), 1.0)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            clipped_step(self.optimizer, self.parameters.values())
             metrics = {"value_loss": loss.loss.item(), "value_clip_fraction": loss.clip_fraction.item()}
         return metrics | {"critic_step_s": time.perf_counter() - start}
 
@@ -88,5 +79,4 @@ class CriticWorker:
             for name, parameter in self.parameters.items():
                 parameter.copy_(state["adapter"][name])
         self.optimizer.load_state_dict(state["optimizer"])
-        for group in self.optimizer.param_groups:  # the configured rate wins over the checkpoint's
-            group["lr"] = self.learning_rate
+        set_learning_rate(self.optimizer, self.spec.learning_rate)

@@ -19,6 +19,7 @@ from online_rl.trainer.samples import Routed, shard
 
 if TYPE_CHECKING:
     from online_rl.config import Settings
+    from online_rl.trainer.spec import CriticSpec, PolicySpec
 
 __all__ = ["WorkerGroup", "merge_metrics"]
 
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 class WorkerGroup:
     """`settings.trainer.workers` policy workers in one placement group, joined in a process group."""
 
-    def __init__(self, settings: Settings, config: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, policy: PolicySpec, critic: CriticSpec) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -53,20 +54,21 @@ class WorkerGroup:
         try:
             self.precision = resolve_precision_on(
                 PlacementGroupSchedulingStrategy(self.placement, 0),
-                {"num_cpus": cpus, "num_gpus": trainer.gpus_per_worker}, str(config["precision"]), device,
+                {"num_cpus": cpus, "num_gpus": trainer.gpus_per_worker}, policy.model.precision, device,
                 str(settings.model_dir), max(1, int(cpus)), settings.cache_dir, "trainer.precision")
         except Exception:
             ray.util.remove_placement_group(self.placement)
             raise
-        config = {**config, "precision": self.precision.precision}
-        self._critic_args = (settings, config, cpus, bundle, device)
+        self.spec = policy = policy.resolved(self.precision.precision)
+        critic = critic.resolved(self.precision.precision)
+        self._critic_args = (settings, critic, cpus, bundle, device)
         self.critic: Any = None
         self.critic_placement: Any = None
         remote: Any = ray.remote(PolicyWorker)
         self.workers: list[Any] = [
             remote.options(num_cpus=cpus, num_gpus=trainer.gpus_per_worker,
                            scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, rank))
-            .remote(str(settings.model_dir), config, max(1, int(cpus)), device)
+            .remote(policy, max(1, int(cpus)), device)
             for rank in range(self.size)
         ]
         try:
@@ -101,7 +103,7 @@ class WorkerGroup:
 
         if self.critic is not None:
             return
-        settings, config, cpus, bundle, device = self._critic_args
+        settings, spec, cpus, bundle, device = self._critic_args
         resources: dict[str, float]
         placement = settings.trainer.critic_placement
         if placement == "shared" or (placement == "auto" and not settings.trainer.gpus_per_worker):
@@ -121,7 +123,7 @@ class WorkerGroup:
             resources = {"num_cpus": cpus, "num_gpus": settings.trainer.gpus_per_worker}
         remote: Any = ray.remote(CriticWorker)
         self.critic = remote.options(scheduling_strategy=strategy, **resources).remote(
-            str(settings.model_dir), config, max(1, int(cpus)), device)
+            spec, max(1, int(cpus)), device)
         logger.info("PPO critic started (%s)", settings.trainer.critic_placement)
 
     def ppo_score(self, routed: Routed) -> tuple[list[Any], list[list[float]]]:

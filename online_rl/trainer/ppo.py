@@ -8,23 +8,15 @@ update. Pure: no Ray, no bus, no MLflow.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from online_rl.algos import KLControlConfig, PPOConfig, ppo_advantages
+from online_rl.algos import PPOConfig, ppo_advantages
 from online_rl.trainer.samples import Rollout
 
-__all__ = ["PPOAdvantages", "advantages_for", "ppo_config"]
-
-
-def ppo_config(config: Mapping[str, Any]) -> PPOConfig:
-    """The PPO settings of a resolved trainer config (shared by the controller and the workers); a
-    critic-free rollout flow also sets the clip range and the aggregation of the loss."""
-    clipping = {k: config[k] for k in ("clip_low", "clip_high", "aggregation") if k in config}
-    return PPOConfig(kl=KLControlConfig(coef=config["kl_coef"], target=config["kl_target"]), **clipping)
+__all__ = ["PPOAdvantages", "advantages_for"]
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from online_rl.algos import (
-    DPOConfig,
-    KTOConfig,
-    Sample,
-    forward,
-    pack,
-    policy_loss,
-)
+from online_rl.algos import Sample, forward, pack, policy_loss
 from online_rl.algos.batch import (
     anchor_kl_batch_loss,
     autocast,
@@ -38,11 +31,11 @@ from online_rl.algos.batch import (
     reference_logprobs,
 )
 from online_rl.algos.logprobs import reference_policy
-from online_rl.algos.policy import LoraSpec, lora_policy, trainable_parameters
+from online_rl.algos.policy import trainable_parameters
 from online_rl.registry.lineage import folder_files, write_folder
 from online_rl.trainer.checkpoint import Checkpoint, capture_rng
-from online_rl.trainer.ppo import ppo_config
 from online_rl.trainer.samples import Shard
+from online_rl.trainer.spec import PolicySpec, adamw, build_lora, set_learning_rate
 
 __all__ = ["PolicyWorker"]
 
@@ -52,26 +45,17 @@ _ANCHOR, _BASELINE = "anchor", "published"
 class PolicyWorker:
     """One copy of the policy (base + LoRA adapter) with its AdamW optimizer."""
 
-    def __init__(self, model_dir: str, config: dict[str, Any], threads: int = 1, device: str = "cpu") -> None:
-        from transformers import AutoModelForCausalLM
-
-        self.config = config
-        torch.set_num_threads(max(1, threads))
-        torch.manual_seed(config["seed"])
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        spec = LoraSpec(rank=config["lora_rank"], alpha=config["lora_alpha"],
-                        targets=tuple(config["lora_targets"]))
-        self.precision = config["precision"]
-        self.policy = lora_policy(base, spec, self.precision).to(device)
-        self.policy.train()
+    def __init__(self, spec: PolicySpec, threads: int = 1, device: str = "cpu") -> None:
+        self.spec = spec
+        self.policy, base_config = build_lora(spec.model, "policy", threads)
+        self.precision = spec.model.compute
+        self.policy.to(device).train()
         self.parameters = trainable_parameters(self.policy)
-        self.optimizer = torch.optim.AdamW(list(self.parameters.values()), lr=config["learning_rate"])
-        self.dpo = DPOConfig(beta=config["beta"])
-        self.kto = KTOConfig(beta=config["beta"])
-        self.ppo = ppo_config(config)
-        self.anchor_kl_coef = float(config.get("cold_start_kl_coef", 0.0))
-        self.max_tokens = int(base.config.max_position_embeddings)
-        self.vocab = int(base.config.vocab_size)  # the embedding's rows
+        self.optimizer = adamw(self.parameters.values(), spec.learning_rate)
+        self.dpo, self.kto, self.ppo = spec.dpo, spec.kto, spec.ppo
+        self.anchor_kl_coef = spec.anchor_kl_coef
+        self.max_tokens = int(base_config.max_position_embeddings)
+        self.vocab = int(base_config.vocab_size)  # the embedding's rows
         self.device = device
         self.world = 1
         self.anchor: str | None = None  # the frozen adapter the KL term holds to; None: the base
@@ -198,7 +182,7 @@ class PolicyWorker:
             # each rank's share of the whole batch's mean, so the summed gradients are one worker's
             weight = (tokens / shard.total_rollout_tokens if self.ppo.aggregation == "token-mean"
                       else len(shard.rollouts) / shard.total_rollouts)
-        for _epoch in range(self.config["ppo_epochs"]):
+        for _epoch in range(self.spec.epochs):
             if shard.rollouts:
                 with autocast(self.precision, self.device.split(":")[0]):
                     out = forward(self.policy, batch)
@@ -279,8 +263,7 @@ class PolicyWorker:
 
     def restore(self, checkpoint: Checkpoint) -> None:
         checkpoint.restore_into(self.parameters, self.optimizer)
-        for group in self.optimizer.param_groups:  # the configured rate wins over the checkpoint's
-            group["lr"] = self.config["learning_rate"]
+        set_learning_rate(self.optimizer, self.spec.learning_rate)
 
     def adapter_files(self) -> dict[str, bytes]:
         """The trained adapter as a PEFT folder's files (safetensors + adapter_config.json), by name:

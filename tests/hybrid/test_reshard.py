@@ -11,15 +11,16 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+from online_rl.algos.policy import LoraSpec
 from online_rl.hybrid.engine import cut
 from online_rl.hybrid.group import HybridGroup
 from online_rl.hybrid.layout import llama_specs
+from online_rl.trainer.spec import HybridSpec, ModelSpec
 
 pytestmark = pytest.mark.slow
 
-CONFIG = {"seed": 0, "lora_rank": 4, "lora_alpha": 8, "learning_rate": 5e-2, "ppo_epochs": 1,
-          "kl_coef": 0.05, "kl_target": None,
-          "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+LORA = LoraSpec(rank=4, alpha=8, targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                          "down_proj"))
 PROMPTS = [[1, 9038, 2210, 314, 260], [1, 504, 1431], [1, 22, 314, 6549, 28, 33, 3117], [1, 1975]]
 
 
@@ -66,7 +67,9 @@ def _reference_generation(model_dir: Path, adapter: Path, max_new_tokens: int) -
 def test_resharded_shards_and_generation_match_the_full_model(
         dp: int, fsdp: int, tp: int, keep_base: bool, tiny_model: Path, ray_runtime: None,
         tmp_path: Path) -> None:
-    group = HybridGroup(str(tiny_model), CONFIG, dp=dp, fsdp=fsdp, tp=tp, cpus_per_worker=0.5)
+    spec = HybridSpec(ModelSpec(str(tiny_model), LORA, seed=0, precision="fp32"), learning_rate=5e-2,
+                      epochs=1)
+    group = HybridGroup(spec, dp=dp, fsdp=fsdp, tp=tp, cpus_per_worker=0.5)
     try:
         model_config = AutoConfig.from_pretrained(tiny_model)
         _train_once(group, random.Random(0))

@@ -12,6 +12,7 @@ import torch
 from online_rl.algos import mismatched_pairs
 from online_rl.config import Settings
 from online_rl.trainer.samples import Routed, shard
+from online_rl.trainer.spec import trainer_specs
 from tests.conftest import TINY_NAME
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,7 @@ def _train(settings: Settings, workers: int,
 
     settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(
         update={"workers": workers, "cpus_per_worker": 1.0, "learning_rate": 1e-2})})
-    group = WorkerGroup(settings, settings.trainer.model_dump(mode="json"))
+    group = WorkerGroup(settings, *trainer_specs(settings))
     try:
         initial = group.adapters()[0]
         metrics = [group.train_step(batch) for batch in batches]
@@ -103,7 +104,7 @@ def test_ppo_on_two_workers_matches_one(tiny_model: Path, ray_runtime: None) -> 
     """PPO's phases (ranks score, the critic values, the controller computes advantages, ranks and
     critic update) give the same adapter on 2 workers as on 1, with an empty rank in one batch."""
     from online_rl.trainer.group import WorkerGroup
-    from online_rl.trainer.ppo import advantages_for, ppo_config
+    from online_rl.trainer.ppo import advantages_for
 
     settings = Settings(model={"name": TINY_NAME, "path": tiny_model},  # type: ignore[arg-type]
                         trainer={"learning_rate": 1e-2, "cpus_per_worker": 1.0})  # type: ignore[arg-type]
@@ -118,13 +119,13 @@ def test_ppo_on_two_workers_matches_one(tiny_model: Path, ray_runtime: None) -> 
     adapters = []
     for workers in (1, 2):
         trainer = settings.trainer.model_copy(update={"workers": workers})
-        config = trainer.model_dump(mode="json")
-        group = WorkerGroup(settings.model_copy(update={"trainer": trainer}), config)
+        policy, critic = trainer_specs(settings)
+        group = WorkerGroup(settings.model_copy(update={"trainer": trainer}), policy, critic)
         try:
             for routed in batches:
                 scored, values = group.ppo_score(routed)
                 old, ref = [o for o, _ in scored], [r for _, r in scored]
-                out = advantages_for(routed.rollouts, old, ref, values, ppo_config(config), 0.05)
+                out = advantages_for(routed.rollouts, old, ref, values, policy.ppo, 0.05)
                 metrics = group.ppo_train(routed, old, out.advantages, out.returns, values)
                 assert metrics["value_loss"] >= 0 and "ppo_clip_fraction" in metrics
             adapters.append(group.adapters())

@@ -45,13 +45,13 @@ class SlowTrainer(Trainer):
         self.intruder, self.holding, self.release = intruder, holding, release
         self.refused_after: list[float] = []  # commits refused so far, after each step's commit
 
-    def _update(self, state: TrainerState, routed: Routed) -> None:
+    def _update(self, state: TrainerState, routed: Routed) -> bool:
         if state.step < 2:
             if state.step == 1:  # the rebalance lands inside this step, however slow the machine
                 self.intruder.start()
                 assert self.holding.wait(60), "the intruder never got a partition: no rebalance happened"
             time.sleep(STEP_S)
-        super()._update(state, routed)
+        return super()._update(state, routed)
 
     def _commit(self, batch: Any, state: TrainerState) -> None:
         super()._commit(batch, state)

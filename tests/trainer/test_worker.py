@@ -9,6 +9,7 @@ import torch
 
 from online_rl.config import Settings
 from online_rl.trainer.samples import Routed, shard
+from online_rl.trainer.spec import trainer_specs
 from online_rl.trainer.worker import PolicyWorker
 from tests.conftest import TINY_NAME
 
@@ -16,7 +17,7 @@ from tests.conftest import TINY_NAME
 def test_a_non_finite_loss_skips_the_update_and_says_so(tiny_model: Path) -> None:
     settings = Settings(model={"name": TINY_NAME, "path": tiny_model},  # type: ignore[arg-type]
                         trainer={"precision": "fp32", "learning_rate": 1e-2})  # type: ignore[arg-type]
-    worker = PolicyWorker(str(tiny_model), settings.trainer.model_dump(mode="json"))
+    worker = PolicyWorker(trainer_specs(settings)[0])
     rng = random.Random(0)
 
     def ids(n: int) -> list[int]:
