@@ -1,14 +1,15 @@
 """GRPO on the rollout flow with a reward function written as code, against an lr = 0 control.
 
     deploy/local/env.sh .venv/bin/python bench/grpo.py [--steps 24] [--prompts 4] [--group 4] \
-        [--learning-rate 1e-3] [--ppo-epochs 2] [--smoke]
+        [--learning-rate 1e-3] [--ppo-epochs 2] [--beta 0] [--smoke]
 
 The rollout flow (`online_rl.hybrid.loop.ColocatedPPO` with `hybrid.critic_free: {estimator: grpo}`, no
 critic) trains the embedded model (SmolLM2-135M-Instruct) for `--steps` iterations: each samples
 `--prompts` training prompts (the first 12 of `online_rl.simulate.PROMPTS`), `--group` answers to each,
 scores them with `bench.grpo_rewards:brief_on_topic` (1 for at most 8 words that still contain the
 prompt's key word, less up to 40 words; run out of process by `online_rl.flow.RewardFunctions`, the
-learned reward model weighted 0) and takes GRPO's clipped step on the group-normalised advantages.
+learned reward model weighted 0) and takes GRPO's clipped step on the group-normalised advantages
+(with `--beta`, plus GRPO's in-loss k3 KL to the base, weighed by the ratio).
 The control run is the same command with `learning_rate: 0`: the same seeds, prompts and sampling, no
 learning. The baseline of the comparison is that control (the issue's bar), not another framework.
 
@@ -56,7 +57,7 @@ def _settings(args: argparse.Namespace, work: Path, learning_rate: float) -> Any
             "min_pairs": 0, "reward_steps": 0, "learning_rate": learning_rate,
             "ppo_epochs": args.ppo_epochs,
             "temperature": 1.0, "precision": "fp32",
-            "critic_free": {"estimator": "grpo", "group_size": args.group}}),
+            "critic_free": {"estimator": "grpo", "group_size": args.group, "beta": args.beta}}),
         "rewards": base.rewards.model_validate({"functions": [FUNCTION], "weights": {}}),
     })
 
@@ -132,6 +133,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--ppo-epochs", type=int, default=2)
+    parser.add_argument("--beta", type=float, default=0.0,
+                        help="GRPO's in-loss k3 KL to the base (0: none; 0.04 is TRL's older default)")
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--smoke", action="store_true",
                         help="2 steps, 2 prompts, 16 tokens: checks the fields")
@@ -150,7 +153,8 @@ def main() -> None:
     fn = f"fn_{FUNCTION['name']}"
     result = {
         "steps": args.steps, "prompts": args.prompts, "group": args.group,
-        "learning_rate": args.learning_rate, "reward_base": round(trained["eval"]["base_" + fn], 4),
+        "learning_rate": args.learning_rate, "beta": args.beta,
+        "reward_base": round(trained["eval"]["base_" + fn], 4),
         "reward_trained": round(trained["eval"][fn], 4),
         "reward_control": round(control["eval"][fn], 4),
         "gain_over_control": round(trained["eval"][fn] - control["eval"][fn], 4),

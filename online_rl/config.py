@@ -603,10 +603,6 @@ class HybridConfig(BaseModel):
             raise ValueError("hybrid.kl_coef=0 cannot adapt towards hybrid.kl_target: start above 0, "
                              "e.g. 0.05")
         if self.critic_free is not None:
-            if self.critic_free.beta > 0:
-                raise ValueError("hybrid.critic_free.beta: a KL term inside the loss is not in the rollout "
-                                 "flow yet; set beta: 0 and put the KL in the reward with kl_coef (rloo, "
-                                 "reinforce++)")
             if self.critic_free.loss_aggregation == "seq-mean-token-sum-norm":
                 raise ValueError("hybrid.critic_free.loss_aggregation: the rollout flow trains with "
                                  "token-mean or seq-mean-token-mean")

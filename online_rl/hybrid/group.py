@@ -129,12 +129,15 @@ class HybridGroup:
         return out
 
     def ppo_train(self, rollouts: Sequence[tuple[list[int], list[int]]], old: Sequence[list[float]],
-                  advantages: Sequence[list[float]], behaviour: Sequence[list[float]]) -> dict[str, float]:
+                  advantages: Sequence[list[float]], behaviour: Sequence[list[float]],
+                  ref: Sequence[list[float]] | None = None) -> dict[str, float]:
+        """The PPO step on every device's share; `ref` (the reference's log-probs) for an in-loss KL."""
         import ray
 
         shares = split(rollouts, self.world)
         parts = ray.get([w.ppo_train.remote([rollouts[i] for i in s], [old[i] for i in s],
-                                            [advantages[i] for i in s], [behaviour[i] for i in s])
+                                            [advantages[i] for i in s], [behaviour[i] for i in s],
+                                            [ref[i] for i in s] if ref is not None else None)
                          for w, s in zip(self.workers, shares, strict=True)])
         merged = {k: sum(p[k] for p in parts) / len(parts) for k in parts[0]
                   if k not in ("step_s", "grad_norm")}

@@ -346,7 +346,8 @@ class ColocatedPPO:
             return metrics
         return metrics | self.group.ppo_train([rollouts[i] for i in keep], [old[i] for i in keep],
                                               [per_token[i, :lengths[i]].tolist() for i in keep],
-                                              [behaviour[i] for i in keep])
+                                              [behaviour[i] for i in keep],
+                                              [ref[i] for i in keep] if config.beta > 0 else None)
 
     def evaluate(self, prompts: Sequence[Sequence[int]], samples: int = 1, seed: int = 1234,
                  texts: Sequence[str] | None = None) -> dict[str, float]:

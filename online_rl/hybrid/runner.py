@@ -4,14 +4,14 @@ the single controller (`online_rl.trainer.Trainer`) runs this program's nodes on
 `observe → reward_model → generate → reward → advantage → update → log → publish → commit`.
 
 Reads the joined samples (`orl.samples`): every sample's prompt joins the prompt window, every
-preference pair teaches the reward model. Once `hybrid.min_pairs` pairs have been seen, each
-pass runs one iteration, phase by phase (`ColocatedPPO`'s phases); every `hybrid.publish_every_steps` iterations the adapter is
-published through the run's `TrainingRun` (online_rl/registry/runs.py, the trainer's path too): sealed
-with its complete lineage (the sample offsets read since the last version, the versions that served
-and the reward mappings that scored the samples it used, its parent), registered as a new version and
-given the `challenger` alias, so the gateway's canary takes it from there. Offsets are committed after
-a publish. The reward model and the PPO state live in memory: a restart begins again from the last
-committed offsets (see docs/hybrid.md).
+preference pair teaches the reward model. Once `hybrid.min_pairs` pairs have been seen, each pass runs
+one iteration, phase by phase (`ColocatedPPO`'s phases); every `hybrid.publish_every_steps` iterations
+the adapter is published through the run's `TrainingRun` (online_rl/registry/runs.py, the trainer's path
+too): sealed with its complete lineage (the sample offsets read since the last version, the versions
+that served and the reward mappings that scored the samples it used, its parent), registered as a new
+version and given the `challenger` alias, so the gateway's canary takes it from there. Offsets are
+committed after a publish. The reward model and the PPO state live in memory: a restart begins again
+from the last committed offsets (see docs/hybrid.md).
 """
 
 from __future__ import annotations

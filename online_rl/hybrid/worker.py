@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from online_rl.algos import Sample, pack, policy_loss
+from online_rl.algos import Sample, aggregate, kl_penalty, pack, policy_loss
 from online_rl.algos.batch import autocast
 from online_rl.hybrid.engine import Resharder, TransitionStats, cut
 from online_rl.hybrid.layout import GenerationLayout, TrainingLayout, contains, llama_specs
@@ -259,8 +259,11 @@ class HybridWorker:
         return [(o.tolist(), r.tolist()) for o, r in zip(old.split(lengths), ref.split(lengths), strict=True)]
 
     def ppo_train(self, rollouts: list[tuple[list[int], list[int]]], old: list[list[float]],
-                  advantages: list[list[float]], behaviour: list[list[float]]) -> dict[str, float]:
-        """`ppo_epochs` clipped-surrogate steps on this device's rollouts; FSDP averages the gradients."""
+                  advantages: list[list[float]], behaviour: list[list[float]],
+                  ref: list[list[float]] | None = None) -> dict[str, float]:
+        """`ppo_epochs` clipped-surrogate steps on this device's rollouts; FSDP averages the gradients.
+        With `kl_beta` > 0 (GRPO's in-loss KL) and the reference's log-probs `ref`, each token also
+        pays kl_beta * k3(pi, ref), weighed by pi / pi_old with `kl_ratio_correction`."""
         start = time.perf_counter()
         batch = self._batch(rollouts)
 
@@ -270,14 +273,24 @@ class HybridWorker:
         old_padded, mask = batch.padded(flat(old))
         adv_padded, _ = batch.padded(flat(advantages))
         behaviour_padded, _ = batch.padded(flat(behaviour))
+        beta = self.spec.kl_beta if ref is not None else 0.0
+        ref_padded = batch.padded(flat(ref))[0] if ref is not None and beta > 0 else None
         metrics: dict[str, float] = {}
         for _ in range(self.spec.epochs):
             logprobs, _ = batch.padded(self._logprobs(batch))
             loss = policy_loss(logprobs, old_padded, adv_padded, mask, self.ppo, behaviour_padded)
-            loss.loss.backward()
+            total = loss.loss
+            if ref_padded is not None:
+                kl = kl_penalty(logprobs, ref_padded, "k3")
+                if self.spec.kl_ratio_correction:
+                    kl = kl * torch.exp((logprobs - old_padded).clamp(-20.0, 20.0))
+                kl_term = aggregate(kl, mask, self.ppo.aggregation)
+                total = total + beta * kl_term
+                metrics["kl_in_loss"] = kl_term.item()
+            total.backward()
             norm = clipped_step(self.optimizer, self.lora_params)
-            metrics = {"ppo_loss": loss.loss.item(), "ppo_clip_fraction": loss.clip_fraction.item(),
-                       "ppo_approx_kl": loss.approx_kl.item(), "grad_norm": norm}
+            metrics |= {"ppo_loss": loss.loss.item(), "ppo_clip_fraction": loss.clip_fraction.item(),
+                        "ppo_approx_kl": loss.approx_kl.item(), "grad_norm": norm}
         return metrics | {"step_s": time.perf_counter() - start}
 
     def adapter_files(self) -> dict[str, bytes] | None:

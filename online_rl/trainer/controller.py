@@ -4,8 +4,8 @@
 Two flows are built in: `feedback` (below: score → update → evaluate → publish → checkpoint →
 commit) and `rollout` (`online_rl.hybrid.runner`: fresh rollouts on the hybrid engine); a user adds,
 replaces or removes nodes (docs/trainer.md#flows). In the feedback flow the policy lives in a group
-of data-parallel Ray actors (`WorkerGroup` of `PolicyWorker`s). One MLflow run covers the trainer's lifetime (its
-resolved config as params, a metric row per step). Exactly-once effect: a batch's offsets are
+of data-parallel Ray actors (`WorkerGroup` of `PolicyWorker`s). One MLflow run covers the trainer's
+lifetime (its resolved config as params, a metric row per step). Exactly-once effect: a batch's offsets are
 committed to the bus only after the checkpoint that includes its update is durable, and a restart
 resumes from the newest readable checkpoint at *its* offsets. Samples the trainer can never use go
 to the dead-letter topic with the reason. Publishing (every N samples, every T seconds, or when the

@@ -96,6 +96,8 @@ class HybridSpec(CriticSpec):
 
     aligned: bool = True  # shard boundaries on the tensor-parallel cuts
     adapter_prefix: str = "policy"  # the generation engine's adapter names: <prefix>-sync<n>
+    kl_beta: float = 0.0  # GRPO's k3 KL to the reference inside the loss (critic-free `beta`)
+    kl_ratio_correction: bool = True  # that KL weighed by pi / pi_old per token
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,10 @@ def hybrid_specs(settings: Settings) -> tuple[HybridSpec, CriticSpec, RewardSpec
                     "aggregation": hybrid.critic_free.loss_aggregation}
     kl = KLControlConfig(coef=hybrid.kl_coef, target=hybrid.kl_target, horizon=hybrid.kl_horizon)
     ppo = PPOConfig(kl=kl, **clipping)
+    in_loss = hybrid.critic_free
     policy = HybridSpec(model, hybrid.learning_rate, hybrid.ppo_epochs, ppo, hybrid.aligned,
-                        settings.mlflow.registered_model)
+                        settings.mlflow.registered_model, in_loss.beta if in_loss else 0.0,
+                        in_loss.kl_ratio_correction if in_loss else True)
     critic = CriticSpec(model, hybrid.critic_learning_rate, hybrid.ppo_epochs, ppo)
     reward = RewardSpec(model, hybrid.reward_learning_rate, hybrid.reward_window, hybrid.reward_batch)
     return policy, critic, reward

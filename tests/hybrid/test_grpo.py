@@ -44,7 +44,7 @@ def test_grpo_with_reward_functions_trains_through_failing_user_code(
         model={"path": embedded_model},  # type: ignore[arg-type]
         hybrid={"rollout_batch": 2, "max_new_tokens": 16, "min_pairs": 0,  # type: ignore[arg-type]
                 "learning_rate": 5e-4, "reward_steps": 0, "publish_every_steps": STEPS,
-                "critic_free": {"estimator": "grpo", "group_size": 4}},
+                "critic_free": {"estimator": "grpo", "group_size": 4, "beta": 0.04}},
         rewards={"functions": FUNCTIONS, "weights": {}},  # type: ignore[arg-type]
     )
     samples, _ = _pairs(embedded_model, list(PROMPTS)[:4], settings.model.name)
@@ -81,6 +81,8 @@ def test_grpo_with_reward_functions_trains_through_failing_user_code(
         assert metrics["trained_rollouts"] == pytest.approx(
             metrics["rollouts"] * (1 - metrics["zero_variance_fraction"]))
         assert metrics["trained_rollouts"] == 0 or "ppo_loss" in metrics
+        # GRPO's in-loss KL (beta 0.04): the k3 KL to the base, >= 0, in every step that trained
+        assert metrics["trained_rollouts"] == 0 or metrics["kl_in_loss"] >= 0
     assert set(seen["eval"]) >= {"fn_brief", "base_fn_brief"}
 
     bodies = [json.loads(record.value or b"") for record in bus.read_all(topics.dlq)]
@@ -104,7 +106,8 @@ def test_grpo_with_reward_functions_trains_through_failing_user_code(
 
 @pytest.mark.parametrize(("critic_free", "field"), [
     ({"estimator": "grpo", "group_size": 1}, "hybrid.critic_free.group_size"),
-    ({"estimator": "grpo", "beta": 0.1}, "hybrid.critic_free.beta"),
+    ({"estimator": "grpo", "beta": -0.1}, "hybrid.critic_free"),
+    ({"estimator": "grpo", "ratio_level": "sequence"}, "hybrid.critic_free.ratio_level"),
     ({"estimatr": "grpo"}, "hybrid.critic_free"),
 ])
 def test_bad_critic_free_settings_name_the_field(critic_free: dict[str, Any], field: str) -> None:

@@ -65,6 +65,9 @@ def test_the_documented_flow_example_runs_as_written(
     original = Flow.add
 
     def spy(self: Flow, name: str, node: Any, **where: Any) -> Flow:  # what the example's node did
+        if name != "one_sentence":
+            return original(self, name, node, **where)
+
         def watched(step: Any) -> None:
             before = list(step.data["rewards"])
             node(step)
