@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from online_rl.bus import Bus, Consumer, Record
-from online_rl.events import Feedback, FeedbackKind, Interaction, Message
+from online_rl.events import Completion, Feedback, FeedbackKind, Interaction, Message, TrainingSample
 
 
 def interaction(request_id: str, created_at: float = 100.0, **overrides: Any) -> Interaction:
@@ -193,3 +193,42 @@ def tls_folder(out: Path) -> Path:
         key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
         + server.public_bytes(pem) + ca_cert.public_bytes(pem))
     return out
+
+
+def chat_ids(tokenizer: Any, question: str) -> list[int]:
+    """The token ids of `question` as a one-turn chat prompt."""
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                             add_generation_prompt=True, tokenize=True)
+    return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+
+
+def short_answer_pairs(model_dir: Path, questions: list[str],
+                       model_name: str) -> tuple[list[TrainingSample], list[Any]]:
+    """Users who prefer short answers: of four sampled answers, the shortest beats the longest (samples
+    for the stream, and the same pairs as (prompt, chosen, rejected) token ids)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    samples, pairs = [], []
+    for i, question in enumerate(questions):
+        prompt = chat_ids(tokenizer, question)
+        out = model.generate(torch.tensor([prompt] * 4), max_new_tokens=24, do_sample=True, temperature=1.0,
+                             pad_token_id=tokenizer.eos_token_id)[:, len(prompt):].tolist()
+        eos = tokenizer.eos_token_id
+        answers = [o[: o.index(eos) + 1] if eos in o else o for o in out]
+        words = [len(tokenizer.decode(a, skip_special_tokens=True).split()) for a in answers]
+        short, long_ = answers[words.index(min(words))], answers[words.index(max(words))]
+        if max(words) - min(words) < 4:
+            continue
+        completions = [Completion(request_id=f"r{i}-{k}", text=tokenizer.decode(a), token_ids=a,
+                                  logprobs=[0.0] * len(a)) for k, a in enumerate((short, long_))]
+        samples.append(TrainingSample(
+            sample_id=f"pair-{i}", kind="pair", model=model_name, user_id=f"u{i}",
+            prompt=[Message(role="user", content=question)], prompt_token_ids=prompt,
+            chosen=completions[0], rejected=completions[1], feedback_kind="preference",
+            reward_mapping_version="test", behaviour_versions=[None, None], created_at=float(i)))
+        pairs.append((prompt, short, long_))
+    return samples, pairs

@@ -93,8 +93,9 @@ class ColocatedPPO:
         if self.config.critic_free is None:
             self.critic = ray.remote(CriticWorker).options(num_cpus=0, scheduling_strategy=share).remote(
                 critic.resolved(self.precision.precision), threads, device)
-        self.reward = ray.remote(RewardWorker).options(num_cpus=0, scheduling_strategy=share).remote(
-            reward.resolved(self.precision.precision), threads, device)
+        if self.uses_reward_model:  # a rule of functions alone needs no reward model
+            self.reward = ray.remote(RewardWorker).options(num_cpus=0, scheduling_strategy=share).remote(
+                reward.resolved(self.precision.precision), threads, device)
         self.ppo = policy.ppo
         self.kl = AdaptiveKLController(self.ppo.kl)
         self.kl_coef = self.config.kl_coef
@@ -136,14 +137,23 @@ class ColocatedPPO:
         self.pairs_seen += len(pairs)
 
     @property
+    def uses_reward_model(self) -> bool:
+        """Whether the rule weighs or gates on the learned reward model."""
+        return self.rule.weights.get(REWARD_MODEL, 0.0) > 0 or REWARD_MODEL in self.rule.gates
+
+    @property
     def ready(self) -> bool:
-        return len(self.prompts) > 0 and self.pairs_seen >= self.config.min_pairs
+        """Prompts to sample from, and (when the rule uses the reward model) `min_pairs` pairs seen."""
+        return len(self.prompts) > 0 and (not self.uses_reward_model
+                                          or self.pairs_seen >= self.config.min_pairs)
 
     # -- one iteration ---------------------------------------------------------------------------
     def learn_rewards(self) -> dict[str, float]:
         import ray
 
         pairs, self.pending = self.pending, []
+        if self.reward is None:
+            return {}
         return dict(ray.get(self.reward.learn.remote(pairs, self.config.reward_steps)))
 
     def rollouts(self, prompts: Sequence[Sequence[int]], temperature: float | None = None,
@@ -177,8 +187,10 @@ class ColocatedPPO:
         import ray
 
         sources: dict[str, list[float | None]] = {FEEDBACK: [None] * len(rollouts)}  # fresh: no feedback yet
-        if REWARD_MODEL in self.rule.sources:
-            sources[REWARD_MODEL] = list(ray.get(self.reward.score.remote(rollouts)))
+        if REWARD_MODEL in self.rule.sources:  # (weighted 0 and not gated: never scored)
+            sources[REWARD_MODEL] = [None] * len(rollouts)
+            if self.reward is not None:
+                sources[REWARD_MODEL] = list(ray.get(self.reward.score.remote(rollouts)))
         metrics: dict[str, float] = {}
         if self.functions is not None:
             start = time.perf_counter()
@@ -367,12 +379,13 @@ class ColocatedPPO:
             self.group.to_training()
         ours = [(p, o["token_ids"]) for p, o in zip(batch, policy, strict=True)]
         theirs = [(p, o["token_ids"]) for p, o in zip(batch, base, strict=True)]
-        scores = ray.get(self.reward.score.remote(ours + theirs))
         kl = [sum(o) - sum(r) for o, r in self.group.score(ours)]
         n = len(batch)
-        out = {"reward": sum(scores[:n]) / n, "base_reward": sum(scores[n:]) / n, "kl": sum(kl) / n,
-               "completion_tokens": sum(len(c) for _, c in ours) / n,
+        out = {"kl": sum(kl) / n, "completion_tokens": sum(len(c) for _, c in ours) / n,
                "base_completion_tokens": sum(len(c) for _, c in theirs) / n}
+        if self.reward is not None:  # the reward model's mean on the policy's and the base's answers
+            scores = ray.get(self.reward.score.remote(ours + theirs))
+            out |= {"reward": sum(scores[:n]) / n, "base_reward": sum(scores[n:]) / n}
         if self.functions is not None:  # each reward function's mean on the policy's and the base's answers
             decoded, completions = self._texts(ours + theirs)
             if texts is not None:

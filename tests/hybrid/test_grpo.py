@@ -17,7 +17,7 @@ from online_rl.bus.kafka import KafkaBus
 from online_rl.config import Settings
 from online_rl.events import encode
 from online_rl.simulate import PROMPTS
-from tests.hybrid.test_ppo import _chat_ids, _pairs
+from tests.factories import chat_ids, short_answer_pairs
 from tests.registry.test_runs import assert_complete_lineage
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -47,7 +47,7 @@ def test_grpo_with_reward_functions_trains_through_failing_user_code(
                 "critic_free": {"estimator": "grpo", "group_size": 4, "beta": 0.04}},
         rewards={"functions": FUNCTIONS, "weights": {}},  # type: ignore[arg-type]
     )
-    samples, _ = _pairs(embedded_model, list(PROMPTS)[:4], settings.model.name)
+    samples, _ = short_answer_pairs(embedded_model, list(PROMPTS)[:4], settings.model.name)
     topics = settings.topics
     bus = KafkaBus(kafka_bootstrap)
     bus.create_topic(topics.samples, 1)
@@ -57,12 +57,13 @@ def test_grpo_with_reward_functions_trains_through_failing_user_code(
         producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
     producer.flush()
     tokenizer = AutoTokenizer.from_pretrained(embedded_model)
-    held = [_chat_ids(tokenizer, q) for q in list(PROMPTS)[12:14]]
+    held = [chat_ids(tokenizer, q) for q in list(PROMPTS)[12:14]]
     seen: dict[str, Any] = {"steps": []}
 
     def on_step(loop: Any, metrics: dict[str, float]) -> None:
         seen["steps"].append(metrics)
-        assert loop.critic is None  # critic-free: no value model was started
+        assert loop.critic is None  # critic-free: no value model was started ...
+        assert loop.reward is None  # ... and no reward model: the rule weighs functions alone
         if metrics["step"] == STEPS:
             seen["eval"] = loop.evaluate(held, samples=1)
 

@@ -11,52 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from online_rl.bus.kafka import KafkaBus
 from online_rl.config import Settings
-from online_rl.events import Completion, Message, TrainingSample, encode
+from online_rl.events import encode
 from online_rl.simulate import PROMPTS
+from tests.factories import chat_ids, short_answer_pairs
 from tests.registry.test_runs import assert_complete_lineage
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
 STEPS, KL_TARGET = 8, 6.0
-
-
-def _chat_ids(tokenizer: Any, question: str) -> list[int]:
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                             add_generation_prompt=True, tokenize=True)
-    return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
-
-
-def _pairs(model_dir: Path, questions: list[str], model_name: str) -> tuple[list[TrainingSample], list[Any]]:
-    """Users who prefer short answers: of four sampled answers, the shortest beats the longest."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    torch.manual_seed(0)
-    samples, pairs = [], []
-    for i, question in enumerate(questions):
-        prompt = _chat_ids(tokenizer, question)
-        out = model.generate(torch.tensor([prompt] * 4), max_new_tokens=24, do_sample=True, temperature=1.0,
-                             pad_token_id=tokenizer.eos_token_id)[:, len(prompt):].tolist()
-        eos = tokenizer.eos_token_id
-        answers = [o[: o.index(eos) + 1] if eos in o else o for o in out]
-        words = [len(tokenizer.decode(a, skip_special_tokens=True).split()) for a in answers]
-        short, long_ = answers[words.index(min(words))], answers[words.index(max(words))]
-        if max(words) - min(words) < 4:
-            continue
-        completions = [Completion(request_id=f"r{i}-{k}", text=tokenizer.decode(a), token_ids=a,
-                                  logprobs=[0.0] * len(a)) for k, a in enumerate((short, long_))]
-        samples.append(TrainingSample(
-            sample_id=f"pair-{i}", kind="pair", model=model_name, user_id=f"u{i}",
-            prompt=[Message(role="user", content=question)], prompt_token_ids=prompt,
-            chosen=completions[0], rejected=completions[1], feedback_kind="preference",
-            reward_mapping_version="test", behaviour_versions=[None, None], created_at=float(i)))
-        pairs.append((prompt, short, long_))
-    return samples, pairs
 
 
 def test_ppo_on_fresh_rollouts_raises_the_learned_reward_within_the_kl_target(
@@ -78,7 +43,7 @@ def test_ppo_on_fresh_rollouts_raises_the_learned_reward_within_the_kl_target(
     )
     questions = list(PROMPTS)
     train, held = questions[:12], questions[12:]
-    samples, _ = _pairs(embedded_model, train, settings.model.name)
+    samples, _ = short_answer_pairs(embedded_model, train, settings.model.name)
     assert len(samples) >= 6
     topics = settings.topics
     bus = KafkaBus(kafka_bootstrap)
@@ -90,7 +55,7 @@ def test_ppo_on_fresh_rollouts_raises_the_learned_reward_within_the_kl_target(
     producer.flush()
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model)
-    held_ids = [_chat_ids(tokenizer, q) for q in held]
+    held_ids = [chat_ids(tokenizer, q) for q in held]
     seen: dict[str, Any] = {"steps": []}
 
     def on_ready(loop: Any) -> None:
