@@ -29,6 +29,7 @@ from online_rl.events import TrainingSample
 from online_rl.flow.graph import Flow, Step
 from online_rl.registry import PublishedVersion, TrainingRun, VersionLineage, offset_ranges, served_by
 from online_rl.stream import Stream
+from online_rl.trainer.metrics import TrainerMetrics
 
 if TYPE_CHECKING:
     from online_rl.config import Settings
@@ -79,12 +80,13 @@ class RolloutProgram:
 
     batch_size, batch_timeout_s = 256, 0.5
 
-    def __init__(self, settings: Settings, bus: Bus) -> None:
+    def __init__(self, settings: Settings, bus: Bus, metrics: TrainerMetrics | None = None) -> None:
         if not (settings.model_dir / "config.json").is_file():
             raise ConfigError(f"model.path={settings.model_dir} holds no model (no config.json): run "
                               "`online-rl model prepare` for the embedded default, or set model.path")
         self.settings, self.bus, self.config = settings, bus, settings.hybrid
         self.state = HybridRun()
+        self.metrics = metrics or TrainerMetrics()  # the trainer's Prometheus metrics, kept up to date
         self.loop: ColocatedPPO | None = None
         self.run: TrainingRun | None = None
         self.stream: Stream[TrainingSample] | None = None
@@ -140,9 +142,10 @@ class RolloutProgram:
             state.offsets[tp] = max(state.offsets.get(tp, 0), end)
         if step.stopping or not self.ppo.ready:
             step.stop()
+            return
+        step.counts = True  # an iteration runs: it counts towards max_steps
 
     def reward_model(self, step: Step) -> None:
-        step.counts = True
         self.ppo.learn_phase(step.data)
 
     def generate(self, step: Step) -> None:
@@ -165,6 +168,11 @@ class RolloutProgram:
         self.state.steps += 1
         self.state.history.append(metrics)
         self.run.log_metrics(metrics, self.state.steps, prefix="hybrid_")
+        self.metrics.steps.inc()
+        self.metrics.samples.inc(metrics["rollouts"])
+        self.metrics.step_seconds.observe(metrics["iteration_s"])
+        if "ppo_loss" in metrics:
+            self.metrics.loss.set(metrics["ppo_loss"])
         step.data["iteration"] = metrics
         step.metrics |= metrics
 
@@ -172,6 +180,7 @@ class RolloutProgram:
         if step.data.get("iteration") and self.state.steps % self.config.publish_every_steps == 0:
             assert self.run is not None
             _publish(self.settings, self.run, self.ppo, self.state)
+            self.metrics.published_version.set(int(self.state.published[-1].version))
             step.data["published"] = True
 
     def commit(self, step: Step) -> None:

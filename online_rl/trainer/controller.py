@@ -49,7 +49,15 @@ from online_rl.stream import Batch, Stream
 from online_rl.trainer.checkpoint import Checkpoint, CheckpointStore
 from online_rl.trainer.errors import CheckpointAhead
 from online_rl.trainer.evaluation import EvalSet, eval_gain
-from online_rl.trainer.flows import FlowBuilder, Parallel, build_flow, check_engine, with_layout
+from online_rl.trainer.flows import (
+    ENGINES,
+    FlowBuilder,
+    Parallel,
+    build_flow,
+    check_engine,
+    with_layout,
+    with_parallel,
+)
 from online_rl.trainer.metrics import TrainerMetrics
 from online_rl.trainer.ppo import advantages_for
 from online_rl.trainer.samples import Routed, anchor_sequences, held_out, load_cold_start, route
@@ -139,11 +147,12 @@ class Trainer:
         from online_rl.config import load_settings
 
         settings = settings if settings is not None else load_settings()
-        self.settings = settings = with_layout(settings, policy, parallel, engine)
+        self.settings = settings = with_layout(settings, policy, engine)
+        self._parallel = parallel
         self.config = settings.trainer
         self.bus = bus or open_bus(settings)
         self.topics = settings.topics
-        self.store = CheckpointStore(settings.checkpoint_dir, keep=self.config.keep_checkpoints)
+        self._store: CheckpointStore | None = None  # made when the feedback flow starts
         self.specs = trainer_specs(settings)  # what the workers are built from
         self.ppo_config = self.specs[0].ppo
         self.published: list[PublishedVersion] = []
@@ -157,12 +166,22 @@ class Trainer:
         self.flow = build_flow(self, flow if flow is not None else self.config.flow)
         check_engine(self.flow.kind, engine, parallel)
 
+    @property
+    def store(self) -> CheckpointStore:
+        """The feedback flow's checkpoints (`trainer.checkpoint_dir`)."""
+        if self._store is None:
+            self._store = CheckpointStore(self.settings.checkpoint_dir, keep=self.config.keep_checkpoints)
+        return self._store
+
     def default_flow(self, kind: str) -> Flow:
         """A fresh copy of the built-in flow `kind` (`feedback` or `rollout`), its nodes bound to this
         trainer; one trainer runs one kind."""
         if self.kind is not None and kind != self.kind:
             raise FlowError(f"this trainer already runs a {self.kind} flow; a {kind} flow needs its own "
                             "Trainer")
+        if self.kind is None and kind in ENGINES:  # the layout goes to the section this kind trains with
+            self.settings = with_parallel(self.settings, kind, self._parallel)
+            self.config = self.settings.trainer
         if kind == "feedback":
             flow = Flow("feedback", [("score", self._score_node), ("update", self._update_node),
                                      ("evaluate", self._evaluate_node), ("publish", self._publish_node),
@@ -171,7 +190,7 @@ class Trainer:
             from online_rl.hybrid.runner import RolloutProgram
 
             if self.rollout is None:
-                self.rollout = RolloutProgram(self.settings, self.bus)
+                self.rollout = RolloutProgram(self.settings, self.bus, self.metrics)
             flow = self.rollout.flow()
         else:
             raise FlowError(f"trainer.flow={kind!r} is not feedback, rollout or 'package.module:function'")
@@ -315,6 +334,7 @@ class Trainer:
         drop_trained(batch, state.offsets)
         if not (batch.items or batch.offsets):
             step.data["idle"] = True  # only time can make something due: a publish, and its checkpoint
+            step.data["routed"] = Routed()  # nothing to train: a node may still read (and filter) it
             return
         step.counts = True
         routed, held = self._score(batch.items, batch.records, self._dead)

@@ -28,7 +28,8 @@ from online_rl.flow.graph import Flow
 if TYPE_CHECKING:
     from online_rl.config import Settings
 
-__all__ = ["ENGINES", "FlowBuilder", "Parallel", "build_flow", "check_engine", "with_layout"]
+__all__ = ["ENGINES", "FlowBuilder", "Parallel", "build_flow", "check_engine", "with_layout",
+           "with_parallel"]
 
 FlowBuilder = Callable[[Any], Flow]  # build(trainer) -> Flow
 ENGINES = {"feedback": "ddp", "rollout": "fsdp"}  # the engine each built-in flow trains on
@@ -53,31 +54,51 @@ class Parallel:
                               f"(dp {self.dp} × fsdp {self.fsdp}), e.g. tp=1")
 
 
-def with_layout(settings: Settings, policy: str | Path | None, parallel: Parallel | None,
-                engine: str | None) -> Settings:
-    """`settings` with the shorthands applied (and validated like any setting)."""
+def with_layout(settings: Settings, policy: str | Path | None, engine: str | None) -> Settings:
+    """`settings` with `policy` (a model folder, whose name becomes `model.name`, or the configured
+    model's name) applied, and `engine` checked."""
     if engine is not None and engine not in ENGINES.values():
         raise ConfigError(f"engine={engine!r} is not one of {', '.join(sorted(ENGINES.values()))}: "
                           "'ddp' trains the feedback flow's data-parallel workers, 'fsdp' the rollout flow's "
                           "hybrid engine")
-    update: dict[str, Any] = {}
-    if policy is not None:
-        folder = Path(policy).expanduser()
-        if (folder / "config.json").is_file():
-            update["model"] = _changed(settings.model, path=folder)
-        elif str(policy) != settings.model.name:
-            raise ConfigError(f"policy={str(policy)!r} is neither a model folder (holding config.json) nor "
-                              f"the configured model {settings.model.name!r}: pass a folder, or set "
-                              "model.path")
-    if parallel is not None:
-        update["trainer"] = _changed(settings.trainer, workers=parallel.dp)
-        update["hybrid"] = _changed(settings.hybrid, dp=parallel.dp, fsdp=parallel.fsdp, tp=parallel.tp)
-    return settings.model_copy(update=update) if update else settings
+    if policy is None:
+        return settings
+    folder = Path(policy).expanduser()
+    if folder.resolve() == Path(settings.model_dir).resolve():
+        return settings  # the configured model, by its folder
+    if (folder / "config.json").is_file():
+        return settings.model_copy(update={"model": _changed(settings.model, "policy", path=folder,
+                                                             name=folder.resolve().name)})
+    if str(policy) != settings.model.name:
+        raise ConfigError(f"policy={str(policy)!r} is neither a model folder (holding config.json) nor "
+                          f"the configured model {settings.model.name!r}: pass a folder, or set "
+                          "model.path")
+    return settings
 
 
-def _changed(section: Any, **changes: Any) -> Any:
-    """`section` with `changes`, validated as the settings are."""
-    return type(section).model_validate(section.model_dump() | changes)
+def with_parallel(settings: Settings, kind: str, parallel: Parallel | None) -> Settings:
+    """`settings` with `parallel` applied to the section the flow `kind` trains with: `trainer.workers`
+    (feedback, data-parallel only) or `hybrid.dp`, `fsdp`, `tp` (rollout)."""
+    if parallel is None:
+        return settings
+    if kind == "feedback":
+        check_engine(kind, None, parallel)
+        return settings.model_copy(update={"trainer": _changed(settings.trainer, "parallel",
+                                                               workers=parallel.dp)})
+    return settings.model_copy(update={"hybrid": _changed(settings.hybrid, "parallel", dp=parallel.dp,
+                                                          fsdp=parallel.fsdp, tp=parallel.tp)})
+
+
+def _changed(section: Any, argument: str, **changes: Any) -> Any:
+    """`section` with `changes`, validated as the settings are; a refusal names the argument."""
+    from pydantic import ValidationError
+
+    try:
+        return type(section).model_validate(section.model_dump() | changes)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or argument}: {e['msg']}"
+                             for e in exc.errors())
+        raise ConfigError(f"{argument}={changes}: {problems}") from exc
 
 
 def check_engine(kind: str, engine: str | None, parallel: Parallel | None) -> None:
@@ -124,4 +145,7 @@ def build_flow(trainer: Any, flow: str | FlowBuilder) -> Flow:
                         "trainer.default_flow('feedback' or 'rollout') and return it")
     if trainer.kind is None:  # a flow of the user's own nodes only: its kind says which workers to start
         trainer.default_flow(built.kind)
+    if built.kind != trainer.kind:
+        raise FlowError(f"the flow builder returned a {built.kind} flow but built it from the {trainer.kind} "
+                        f"flow's nodes: give Flow(kind={trainer.kind!r})")
     return built

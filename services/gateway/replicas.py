@@ -6,7 +6,7 @@ while nothing has come back to the client it may move to the next replica: on a 
 a timeout before the answer's headers, a 5xx answer, or a 404 `model_not_found` (a replica that
 restarted and has not reloaded the version yet). Only a failed connection makes a replica skipped
 for `cooldown_s`. A connection the replica drops before answering (a pooled one it was closing) is
-first tried once more, on a new connection to the same replica. Once an answer starts it is the
+first tried once more on the same replica. Once an answer starts it is the
 client's.
 
 A replica source `dns+http://host:port` stands for every address `host` resolves to, re-resolved by
@@ -182,8 +182,9 @@ class ReplicaPool:
     async def _open(self, replica: Replica, method: str, path: str, content: bytes | None,
                     headers: Mapping[str, str] | None) -> aiohttp.ClientResponse:
         """The answer's headers from `replica`. A connection that broke off before any answer (reset,
-        closed: a pooled connection the replica had just closed) is tried once more on a new one
-        before the replica counts as failed; a refused connection is not."""
+        closed: a pooled connection the replica had just closed) is tried once more before the replica
+        counts as failed (the broken connection is discarded; the pool keeps none idle past 2 s, so
+        the retry almost always opens a new one); a refused connection is not."""
         send = {**(headers or {}), **self._auth}
         try:
             return await self._client().request(method, replica.url + path, data=content, headers=send)

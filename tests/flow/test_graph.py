@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from online_rl.config import Settings
 from online_rl.errors import ConfigError
 from online_rl.flow import FlowError
 from online_rl.flow.graph import Flow, Step
-from online_rl.trainer.flows import Parallel, check_engine
+from online_rl.trainer.flows import Parallel, check_engine, with_layout, with_parallel
 
 
 def _recorder(seen: list[str], name: str, stop: bool = False):  # type: ignore[no-untyped-def]
@@ -84,3 +87,23 @@ def test_the_layout_is_checked_against_the_flows_engine() -> None:
         check_engine("feedback", "fsdp", None)
     check_engine("rollout", "fsdp", Parallel(dp=2, fsdp=2, tp=2))
     check_engine("feedback", "ddp", Parallel(dp=2))
+
+
+def test_the_shorthands_become_the_settings_they_stand_for(tmp_path: Path) -> None:
+    settings = Settings(cache_dir=tmp_path)
+    rollout = with_parallel(settings, "rollout", Parallel(dp=2, fsdp=2, tp=4))
+    assert (rollout.hybrid.dp, rollout.hybrid.fsdp, rollout.hybrid.tp) == (2, 2, 4)
+    assert rollout.trainer.workers == settings.trainer.workers  # the other flow's section untouched
+    assert with_parallel(settings, "feedback", Parallel(dp=3)).trainer.workers == 3
+    with pytest.raises(ConfigError, match=r"parallel=\{'workers': 300\}: workers: "):
+        with_parallel(settings, "feedback", Parallel(dp=300))
+    model = tmp_path / "my-llama"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    mine = with_layout(settings, model, None)
+    assert (mine.model_dir, mine.model.name) == (model, "my-llama")  # lineage and samples name it so
+    assert with_layout(settings, settings.model.name, "fsdp") is settings
+    with pytest.raises(ConfigError, match="neither a model folder"):
+        with_layout(settings, tmp_path / "nothing-here", None)
+    with pytest.raises(ConfigError, match="engine='tpu' is not one of ddp, fsdp"):
+        with_layout(settings, None, "tpu")
