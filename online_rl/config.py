@@ -481,7 +481,20 @@ class TrainerConfig(BaseModel):
     )
     cold_start_kl_coef: float = Field(
         default=4.0, ge=0.0, le=1000.0,
-        description="Weight of the cold-start KL term (cold_start_loss: kl) against the preference loss.",
+        description="Weight of the cold-start KL term (cold_start_loss: kl) against the preference loss; "
+        "with cold_start_kl_target, its starting value.",
+    )
+    cold_start_kl_target: float | None = Field(
+        default=None, gt=0, le=10.0,
+        description="Adapt the cold-start KL term's weight after every step so the mean KL per anchor token "
+        "tracks this (nats, e.g. 0.02): the weight grows while the answers to the anchor prompts drift "
+        "past it and falls back while they stay within, each step by at most cold_start_kl_rate, never "
+        "below cold_start_kl_coef (the floor). Empty: the weight stays cold_start_kl_coef.",
+    )
+    cold_start_kl_rate: float = Field(
+        default=0.2, gt=0, le=1.0,
+        description="With cold_start_kl_target: the most the weight changes in one step, as a fraction (0.2: "
+        "x1.2 or x0.8).",
     )
     workers: int = Field(
         default=1, ge=1, le=256,
@@ -512,6 +525,11 @@ class TrainerConfig(BaseModel):
         if self.kl_target is not None and self.kl_coef == 0:
             raise ValueError("trainer.kl_coef=0 cannot adapt towards trainer.kl_target: start it above 0, "
                              "e.g. 0.05, or leave kl_target empty")
+        if self.cold_start_kl_target is not None and (self.cold_start_loss != "kl"
+                                                      or self.cold_start_kl_coef == 0):
+            raise ValueError("trainer.cold_start_kl_target adapts the cold-start KL term's weight: set "
+                             "trainer.cold_start_loss=kl and a starting trainer.cold_start_kl_coef above 0 "
+                             "(e.g. 0.25), or leave cold_start_kl_target empty")
         if self.cold_start_loss == "kl" and self.algorithm == "ppo":
             raise ValueError("trainer.cold_start_loss=kl holds the DPO/KTO step to its anchors, and "
                              "trainer.algorithm=ppo takes none: use cold_start_loss=label, or algorithm auto")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from online_rl.algos import AdaptiveKLController
+from online_rl.algos.anchor import adapt_anchor_coef
 from online_rl.bus import Bus, CommitFailed, DeadLetters, TopicPartition, open_bus
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
@@ -91,6 +92,7 @@ class TrainerState:
     skipped: int = 0
     cold_since_publish: int = 0  # cold-start samples trained since the last publish
     kl_coef: float = 0.05  # PPO's KL coefficient (adapted when trainer.kl_target is set)
+    anchor_kl_coef: float = 0.0  # the cold-start KL term's weight (adapted with cold_start_kl_target)
     eval_entries: list[Any] = field(default_factory=list)  # the held-out set (EvalSet.to_metadata)
     eval_gain_due: bool = False  # an evaluation beat the last published version by enough
     recent: dict[str, list[float]] = field(default_factory=dict)  # metrics since the last publish
@@ -109,6 +111,7 @@ class TrainerState:
             "last_publish": self.last_publish,
             "cold_since_publish": self.cold_since_publish,
             "kl_coef": self.kl_coef,
+            "anchor_kl_coef": self.anchor_kl_coef,
             "eval_set": self.eval_entries,
             "recent": self.recent,
         }
@@ -128,7 +131,7 @@ class TrainerState:
             skipped=meta.get("skipped", 0), last_publish=meta.get("last_publish", time.time()),
             recent={k: list(v) for k, v in meta.get("recent", {}).items()},
             cold_since_publish=meta.get("cold_since_publish", 0), eval_entries=meta.get("eval_set", []),
-            kl_coef=meta.get("kl_coef", 0.0),
+            kl_coef=meta.get("kl_coef", 0.0), anchor_kl_coef=meta.get("anchor_kl_coef", 0.0),
         )
 
 
@@ -235,7 +238,7 @@ class Trainer:
         if checkpoint is None:
             logger.info("trainer starting fresh (no checkpoint in %s)", self.store.root,
                         extra={"event": "start", "step": 0, "run_id": self.mlflow_run.run_id})
-            return TrainerState(kl_coef=self.config.kl_coef)
+            return TrainerState(kl_coef=self.config.kl_coef, anchor_kl_coef=self.config.cold_start_kl_coef)
         ends = self.bus.end_offsets(self.topics.samples)
         ahead = {tp: offset for tp, offset in checkpoint.offsets.items()
                  if tp.topic == self.topics.samples and offset > ends.get(tp, 0)}
@@ -253,6 +256,8 @@ class Trainer:
         state = TrainerState.from_checkpoint(checkpoint)
         if self.config.kl_target is None or not state.kl_coef:  # fixed (or never adapted): the config's
             state.kl_coef = self.config.kl_coef
+        if self.config.cold_start_kl_target is None or not state.anchor_kl_coef:
+            state.anchor_kl_coef = self.config.cold_start_kl_coef
         return state
 
     # -- the loop -------------------------------------------------------------------------------
@@ -470,8 +475,9 @@ class Trainer:
         logger.info("step %d started: %d samples", state.step + 1, routed.trained,
                     extra={"event": "step_started", "step": state.step + 1, "batch": routed.trained})
         metrics: dict[str, float] = {}
+        adaptive = self.config.cold_start_kl_target is not None
         if routed.pairs or routed.thumbs:
-            metrics = self.group.train_step(routed)
+            metrics = self.group.train_step(routed, state.anchor_kl_coef if adaptive else None)
         if routed.rollouts and not metrics.get("nonfinite"):
             metrics = _merge_steps(metrics, self._ppo(state, routed))
         if metrics.get("nonfinite"):
@@ -479,6 +485,12 @@ class Trainer:
                          "batch dead-lettered", state.step + 1, metrics.get("loss"),
                          extra={"event": "step_nonfinite", "step": state.step + 1, "batch": routed.trained})
             return False
+        if routed.anchors and (routed.pairs or routed.thumbs):
+            metrics["anchor_kl_coef"] = state.anchor_kl_coef  # the weight this step trained with
+            if adaptive and "anchor_kl" in metrics:
+                state.anchor_kl_coef = adapt_anchor_coef(
+                    state.anchor_kl_coef, metrics["anchor_kl"], self.config.cold_start_kl_target or 0.0,
+                    self.config.cold_start_kl_coef, self.config.cold_start_kl_rate)
         state.step += 1
         state.samples += routed.trained
         state.samples_since_publish += routed.trained
@@ -611,9 +623,13 @@ class Trainer:
     def _cold_start_lineage(self, state: TrainerState) -> dict[str, str | float | int] | None:
         if not self.cold_start:
             return None
-        return {"sha256": self.cold_start_sha256, "weight": self.config.cold_start_weight,
-                "loss": self.config.cold_start_loss, "kl_coef": self.config.cold_start_kl_coef,
-                "file_samples": len(self.cold_start), "mixed_in": state.cold_since_publish}
+        lineage: dict[str, str | float | int] = {
+            "sha256": self.cold_start_sha256, "weight": self.config.cold_start_weight,
+            "loss": self.config.cold_start_loss, "kl_coef": self.config.cold_start_kl_coef,
+            "file_samples": len(self.cold_start), "mixed_in": state.cold_since_publish}
+        if self.config.cold_start_kl_target is not None:  # adapted: the target and the weight reached
+            lineage |= {"kl_target": self.config.cold_start_kl_target, "kl_coef_now": state.anchor_kl_coef}
+        return lineage
 
 
 def _merge_steps(step: dict[str, float], ppo: dict[str, float]) -> dict[str, float]:

@@ -104,10 +104,11 @@ class PolicyWorker:
             count = len(shard.thumbs)
             sums.update(kto_loss=kto.loss.item() * count, kto_reward=kto.rewards.mean().item() * count,
                         kto_kl=kto.reference_point.item() * count)
-        if shard.anchors and self.anchor_kl_coef > 0:
+        coef = self.anchor_kl_coef if shard.anchor_kl_coef is None else shard.anchor_kl_coef
+        if shard.anchors and coef > 0:
             # the cold-start KL term: this shard's share of the whole batch's per-token mean
             held = anchor_kl_batch_loss(self.policy, shard.anchors, self.precision, self.anchor)
-            loss = loss + held.total * (self.anchor_kl_coef / shard.total_anchor_tokens)
+            loss = loss + held.total * (coef / shard.total_anchor_tokens)
             sums.update(anchor_kl=held.total.item(), anchor_tokens=held.tokens)
         if loss.requires_grad:
             loss.backward()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from online_rl.algos.anchor import token_kl
+from online_rl.algos.anchor import adapt_anchor_coef, token_kl
 from online_rl.algos.batch import anchor_kl_batch_loss
 from online_rl.algos.logprobs import causal_lm
 from tests.algos.conftest import load_policy, random_ids
@@ -26,6 +26,27 @@ def test_token_kl_is_the_kl_divergence_and_only_the_policy_gets_a_gradient() -> 
     assert policy.grad is not None and policy.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="differ in shape"):
         token_kl(policy[:3], reference)
+
+
+def test_the_adaptive_weight_rises_past_the_target_and_falls_back_to_its_floor() -> None:
+    # over the target: x(1 + the clipped relative error); at most x1.2 a step by default
+    assert adapt_anchor_coef(1.0, observed_kl=0.011, target=0.01, floor=0.25) == pytest.approx(1.1)
+    assert adapt_anchor_coef(1.0, observed_kl=0.5, target=0.01, floor=0.25) == pytest.approx(1.2)
+    assert adapt_anchor_coef(1.0, observed_kl=0.5, target=0.01, floor=0.25, rate=0.5) == pytest.approx(1.5)
+    # under it: down, but never below the floor (the policy equals the reference at first: KL 0)
+    assert adapt_anchor_coef(1.0, observed_kl=0.0, target=0.01, floor=0.25) == pytest.approx(0.8)
+    assert adapt_anchor_coef(0.25, observed_kl=0.0, target=0.01, floor=0.25) == 0.25
+    assert adapt_anchor_coef(999.0, observed_kl=1.0, target=0.01, floor=0.25) == 1000.0  # the ceiling
+    assert adapt_anchor_coef(2.0, observed_kl=float("nan"), target=0.01, floor=0.25) == 2.0
+    weight = 0.25  # a run of drifting steps, then held ones: up to where it holds, then back to the floor
+    for _ in range(10):
+        weight = adapt_anchor_coef(weight, observed_kl=0.05, target=0.01, floor=0.25)
+    assert weight == pytest.approx(0.25 * 1.2 ** 10)
+    for _ in range(30):
+        weight = adapt_anchor_coef(weight, observed_kl=0.001, target=0.01, floor=0.25)
+    assert weight == 0.25
+    with pytest.raises(ValueError, match="target=0"):
+        adapt_anchor_coef(1.0, observed_kl=0.1, target=0, floor=0.25)
 
 
 def test_the_anchor_term_is_zero_for_the_reference_and_the_per_sample_kl_otherwise(tiny_model: Path) -> None:

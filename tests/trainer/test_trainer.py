@@ -248,6 +248,8 @@ def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
     cold.write_text("".join(_thumb(100 + i, i % 2 == 0).model_dump_json() + "\n" for i in range(4)))
     settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={
         "cold_start": cold, "cold_start_weight": 0.25, "batch_size": 4, "cold_start_loss": loss,
+        # with "kl" the term's weight adapts towards a KL so small that any move of the adapter exceeds it
+        "cold_start_kl_target": None if loss == "label" else 1e-9,
         "publish_every_samples": 10 if loss == "label" else 8})})
     bus, topics = _kafka_topics(settings, partitions=1)
     producer = bus.producer()
@@ -263,8 +265,9 @@ def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
 
     manifest = read_lineage(Path(mlflow.artifacts.download_artifacts("models:/policy/1",
                                                                      dst_path=str(tmp_path / "v1"))))
+    adapted = {} if loss == "label" else {"kl_target": 1e-9, "kl_coef_now": pytest.approx(4.8)}
     assert manifest.cold_start == {"sha256": file_sha256(cold), "weight": 0.25, "file_samples": 4,
-                                   "mixed_in": 2, "loss": loss, "kl_coef": 4.0}
+                                   "mixed_in": 2, "loss": loss, "kl_coef": 4.0} | adapted
     assert manifest.offsets == {topics.samples: {"0": [0, 8]}} and manifest.kl_anchor == "base"
     assert_complete_lineage(manifest, client.get_model_version("policy", "1").tags)
     run_id = client.get_model_version("policy", "1").run_id
@@ -275,6 +278,10 @@ def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
         assert not client.get_metric_history(run_id, "kto_loss")
         held = [m.value for m in sorted(client.get_metric_history(run_id, "anchor_kl"), key=lambda m: m.step)]
         assert len(held) == 2 and held[0] < 1e-6 < held[1], held
+        # the weight: 4.0 for the first step (its KL 0 is under the target, and 4.0 is the floor), 4.0 in
+        # the second, then x1.2 (the most one step moves it) after the second step's KL passed the target
+        weights = sorted(client.get_metric_history(run_id, "anchor_kl_coef"), key=lambda m: m.step)
+        assert [m.value for m in weights] == [4.0, 4.0]
     assert client.get_run(run_id).data.params["cold_start_weight"] == "0.25"
     bus.close()
 
