@@ -409,6 +409,17 @@ class TrainerConfig(BaseModel):
                                  description="AdamW learning rate; 0 keeps the adapter where it starts (a "
                                  "no-learning control).")
     beta: float = Field(default=_DPO.beta, gt=0, description="DPO/KTO beta: the strength of the KL anchor.")
+    kto_desirable_weight: float = Field(default=1.0, gt=0, le=100.0,
+                                        description="KTO: the weight of a thumbs-up's loss.")
+    kto_undesirable_weight: float = Field(default=1.0, gt=0, le=100.0,
+                                          description="KTO: the weight of a thumbs-down's loss.")
+    kto_balance: float | None = Field(
+        default=None, ge=1.0, le=100.0,
+        description="KTO: weigh the rarer of thumbs-up and thumbs-down up so that weight x count is the same "
+        "for both over the thumbs trained so far (the KTO paper keeps that ratio near 1), by at most this "
+        "factor (e.g. 10): a taste its users rarely meet still gets a signal from its few thumbs-up. "
+        "Empty: the two weights above, fixed.",
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",
         description="auto: bfloat16 where the device runs it natively and faster (a GPU with native bf16; "

@@ -24,7 +24,7 @@ from online_rl.algos.critic_free import (
     zero_variance_groups,
 )
 from online_rl.algos.dpo import PreferenceLoss, dpo_loss
-from online_rl.algos.kto import KTOLoss, kto_loss, kto_reference_point, mismatched_pairs
+from online_rl.algos.kto import KTOLoss, balanced_weights, kto_loss, kto_reference_point, mismatched_pairs
 from online_rl.algos.logprobs import (
     PackedBatch,
     PolicyOutput,
@@ -74,6 +74,7 @@ __all__ = [
     "Sample",
     "ValueLoss",
     "aggregate",
+    "balanced_weights",
     "bradley_terry_loss",
     "causal_lm",
     "completion_logprobs",

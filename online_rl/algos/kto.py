@@ -8,13 +8,13 @@ never differentiated, and floored at 0. Pure functions on sequence log-probabili
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from online_rl.algos.config import KTOConfig
 
-__all__ = ["KTOLoss", "kto_loss", "kto_reference_point", "mismatched_pairs"]
+__all__ = ["KTOLoss", "balanced_weights", "kto_loss", "kto_reference_point", "mismatched_pairs"]
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,18 @@ def kto_loss(logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tens
     down = config.undesirable_weight * (1.0 - torch.sigmoid(config.beta * (z0 - log_ratio)))
     losses = torch.where(desirable, up, down)
     return KTOLoss(losses.mean(), losses, config.beta * log_ratio.detach(), z0)
+
+
+def balanced_weights(ups: int, downs: int, config: KTOConfig, cap: float) -> KTOConfig:
+    """`config` with the rarer label's weight raised so weight x count is the same for thumbs-up and
+    thumbs-down (`ups`, `downs`: the thumbs trained so far), by at most `cap`; the commoner label keeps
+    its weight. The KTO paper keeps desirable_weight * ups / (undesirable_weight * downs) near 1 (within
+    [1, 4/3]): without it a taste its users rarely meet gives mostly thumbs-down, which only push away."""
+    if cap < 1:
+        raise ValueError(f"kto balance cap={cap} must be >= 1 (1: no balancing), e.g. 10")
+    up_mass, down_mass = config.desirable_weight * ups, config.undesirable_weight * downs
+    if up_mass <= 0 or down_mass <= 0 or up_mass == down_mass:  # one label unseen: nothing to balance
+        return config
+    if up_mass < down_mass:
+        return replace(config, desirable_weight=config.desirable_weight * min(down_mass / up_mass, cap))
+    return replace(config, undesirable_weight=config.undesirable_weight * min(up_mass / down_mass, cap))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from online_rl.algos import AdaptiveKLController
+from online_rl.algos import AdaptiveKLController, balanced_weights
 from online_rl.algos.anchor import adapt_anchor_coef
 from online_rl.bus import Bus, CommitFailed, DeadLetters, TopicPartition, open_bus
 from online_rl.errors import ConfigError
@@ -93,6 +93,8 @@ class TrainerState:
     cold_since_publish: int = 0  # cold-start samples trained since the last publish
     kl_coef: float = 0.05  # PPO's KL coefficient (adapted when trainer.kl_target is set)
     anchor_kl_coef: float = 0.0  # the cold-start KL term's weight (adapted with cold_start_kl_target)
+    thumbs_up: int = 0  # KTO's thumbs trained so far, by label (for trainer.kto_balance)
+    thumbs_down: int = 0
     eval_entries: list[Any] = field(default_factory=list)  # the held-out set (EvalSet.to_metadata)
     eval_gain_due: bool = False  # an evaluation beat the last published version by enough
     recent: dict[str, list[float]] = field(default_factory=dict)  # metrics since the last publish
@@ -112,6 +114,7 @@ class TrainerState:
             "cold_since_publish": self.cold_since_publish,
             "kl_coef": self.kl_coef,
             "anchor_kl_coef": self.anchor_kl_coef,
+            "thumbs": [self.thumbs_up, self.thumbs_down],
             "eval_set": self.eval_entries,
             "recent": self.recent,
         }
@@ -132,6 +135,7 @@ class TrainerState:
             recent={k: list(v) for k, v in meta.get("recent", {}).items()},
             cold_since_publish=meta.get("cold_since_publish", 0), eval_entries=meta.get("eval_set", []),
             kl_coef=meta.get("kl_coef", 0.0), anchor_kl_coef=meta.get("anchor_kl_coef", 0.0),
+            thumbs_up=meta.get("thumbs", [0, 0])[0], thumbs_down=meta.get("thumbs", [0, 0])[1],
         )
 
 
@@ -476,8 +480,12 @@ class Trainer:
                     extra={"event": "step_started", "step": state.step + 1, "batch": routed.trained})
         metrics: dict[str, float] = {}
         adaptive = self.config.cold_start_kl_target is not None
+        ups = sum(1 for _, _, up in routed.thumbs if up)
+        weights = self._kto_weights(state.thumbs_up + ups, state.thumbs_down + len(routed.thumbs) - ups)
         if routed.pairs or routed.thumbs:
-            metrics = self.group.train_step(routed, state.anchor_kl_coef if adaptive else None)
+            metrics = self.group.train_step(routed, state.anchor_kl_coef if adaptive else None, weights)
+        if weights is not None and routed.thumbs:
+            metrics |= {"kto_desirable_weight": weights[0], "kto_undesirable_weight": weights[1]}
         if routed.rollouts and not metrics.get("nonfinite"):
             metrics = _merge_steps(metrics, self._ppo(state, routed))
         if metrics.get("nonfinite"):
@@ -491,6 +499,8 @@ class Trainer:
                 state.anchor_kl_coef = adapt_anchor_coef(
                     state.anchor_kl_coef, metrics["anchor_kl"], self.config.cold_start_kl_target or 0.0,
                     self.config.cold_start_kl_coef, self.config.cold_start_kl_rate)
+        state.thumbs_up += ups
+        state.thumbs_down += len(routed.thumbs) - ups
         state.step += 1
         state.samples += routed.trained
         state.samples_since_publish += routed.trained
@@ -509,6 +519,14 @@ class Trainer:
                     metrics["loss"], metrics["tokens_per_s"],
                     extra={"event": "step", "step": state.step, "batch": routed.trained} | metrics)
         return True
+
+    def _kto_weights(self, ups: int, downs: int) -> tuple[float, float] | None:
+        """KTO's (desirable, undesirable) weights for a step when trainer.kto_balance is set (from the
+        thumbs trained so far, this batch's included); None: the spec's, fixed."""
+        if self.config.kto_balance is None:
+            return None
+        config = balanced_weights(ups, downs, self.specs[0].kto, self.config.kto_balance)
+        return config.desirable_weight, config.undesirable_weight
 
     def _ppo(self, state: TrainerState, routed: Routed) -> dict[str, float]:
         """PPO on the batch's rollouts: score (policy ranks + critic), advantages here, then update."""

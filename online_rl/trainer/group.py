@@ -84,12 +84,13 @@ class WorkerGroup:
         logger.info("trainer worker group: %d worker(s) of %s each (%s)", self.size, bundle,
                     trainer.placement)
 
-    def train_step(self, routed: Routed, anchor_kl_coef: float | None = None) -> dict[str, float]:
+    def train_step(self, routed: Routed, anchor_kl_coef: float | None = None,
+                   kto_weights: tuple[float, float] | None = None) -> dict[str, float]:
         """One optimizer step on every rank over `routed`'s samples (the cold-start KL term weighted by
-        `anchor_kl_coef`, or the spec's when None); the merged metrics."""
+        `anchor_kl_coef`, KTO's labels by `kto_weights`; the spec's where None); the merged metrics."""
         import ray
 
-        shards = shard(routed, self.size, anchor_kl_coef)
+        shards = shard(routed, self.size, anchor_kl_coef, kto_weights)
         parts = ray.get([w.train_step.remote(s) for w, s in zip(self.workers, shards, strict=True)])
         return merge_metrics(parts)
 

@@ -156,6 +156,7 @@ class Shard:
     anchors: list[Anchor] = field(default_factory=list)
     total_anchor_tokens: int = 0  # answer tokens of the whole batch's anchors (the KL term's mean)
     anchor_kl_coef: float | None = None  # the KL term's weight this step (adapted); None: the worker's own
+    kto_weights: tuple[float, float] | None = None  # KTO's (desirable, undesirable) weights; None: the spec's
 
     @property
     def total(self) -> int:
@@ -179,7 +180,8 @@ def _tokens(sample: Pair | Thumb | Rollout | Anchor) -> int:
     return len(sample[0]) + len(sample[1]) + (len(second) if isinstance(second, list) else 0)
 
 
-def shard(routed: Routed, workers: int, anchor_kl_coef: float | None = None) -> list[Shard]:
+def shard(routed: Routed, workers: int, anchor_kl_coef: float | None = None,
+          kto_weights: tuple[float, float] | None = None) -> list[Shard]:
     """Split a step's samples over `workers`, balancing tokens (the longest first, each to the least
     loaded worker). Which shard a sample lands in changes nothing about the update: losses are
     weighted by the whole batch's counts and KTO's partners are chosen before the split."""
@@ -188,8 +190,8 @@ def shard(routed: Routed, workers: int, anchor_kl_coef: float | None = None) -> 
     shards = [Shard(partners=[] if partner_of is not None else None, total_pairs=len(routed.pairs),
                     total_thumbs=len(routed.thumbs), total_rollouts=len(routed.rollouts),
                     total_rollout_tokens=sum(len(r[1]) for r in routed.rollouts),
-                    total_anchor_tokens=sum(len(a[1]) for a in routed.anchors), anchor_kl_coef=anchor_kl_coef)
-              for _ in range(workers)]
+                    total_anchor_tokens=sum(len(a[1]) for a in routed.anchors), anchor_kl_coef=anchor_kl_coef,
+                    kto_weights=kto_weights) for _ in range(workers)]
     load = [0] * workers
     work: list[tuple[int, str, int]] = [(_tokens(p), "pair", i) for i, p in enumerate(routed.pairs)]
     work += [(_tokens(t), "thumb", i) for i, t in enumerate(routed.thumbs)]

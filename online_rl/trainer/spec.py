@@ -120,8 +120,10 @@ def trainer_specs(settings: Settings) -> tuple[PolicySpec, CriticSpec]:
     trainer = settings.trainer
     model = _model(settings, trainer.precision)
     ppo = PPOConfig(kl=KLControlConfig(coef=trainer.kl_coef, target=trainer.kl_target))
+    kto = KTOConfig(beta=trainer.beta, desirable_weight=trainer.kto_desirable_weight,
+                    undesirable_weight=trainer.kto_undesirable_weight)
     policy = PolicySpec(model, trainer.learning_rate, trainer.ppo_epochs, ppo, DPOConfig(beta=trainer.beta),
-                        KTOConfig(beta=trainer.beta), trainer.cold_start_kl_coef)
+                        kto, trainer.cold_start_kl_coef)
     return policy, CriticSpec(model, trainer.critic_learning_rate, trainer.ppo_epochs, ppo)
 
 

@@ -14,6 +14,7 @@ import math
 import socket
 import tempfile
 import time
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,9 @@ class PolicyWorker:
         if shard.total_thumbs >= 2 and self.world > 1 and not shard.thumbs:
             self._sum(torch.zeros((), device=self.device))  # this rank's share of KTO's reference point
         if shard.thumbs:
-            kto = kto_batch_loss(self.policy, shard.thumbs, self.kto, self.precision, shard.partners,
+            config = self.kto if shard.kto_weights is None else replace(
+                self.kto, desirable_weight=shard.kto_weights[0], undesirable_weight=shard.kto_weights[1])
+            kto = kto_batch_loss(self.policy, shard.thumbs, config, self.precision, shard.partners,
                                  self._thumbs_mean(shard.total_thumbs), self.anchor)
             loss = loss + kto.loss * (len(shard.thumbs) / shard.total)
             count = len(shard.thumbs)

@@ -13,6 +13,7 @@ from online_rl.algos import (
     KTOConfig,
     PPOConfig,
     RewardModelConfig,
+    balanced_weights,
     bradley_terry_loss,
     dpo_loss,
     kto_loss,
@@ -65,6 +66,21 @@ def test_kto_by_hand_and_gradients() -> None:
     assert mismatched_pairs(3) == [1, 2, 0]
     with pytest.raises(ValueError, match="at least 2"):
         mismatched_pairs(1)
+
+
+def test_kto_balance_raises_the_rarer_labels_weight_up_to_its_cap() -> None:
+    config = KTOConfig(beta=0.1)
+    rare_ups = balanced_weights(ups=5, downs=20, config=config, cap=10)
+    assert (rare_ups.desirable_weight, rare_ups.undesirable_weight, rare_ups.beta) == (4.0, 1.0, 0.1)
+    rare_downs = balanced_weights(ups=30, downs=10, config=config, cap=10)
+    assert (rare_downs.desirable_weight, rare_downs.undesirable_weight) == (1.0, 3.0)
+    assert balanced_weights(ups=1, downs=100, config=config, cap=10).desirable_weight == 10.0  # the cap
+    # the configured weights count: 2 x 5 ups against 20 downs is half, so x2 more
+    assert balanced_weights(5, 20, KTOConfig(desirable_weight=2.0), cap=10).desirable_weight == 4.0
+    for ups, downs in ((0, 7), (7, 0), (6, 6)):  # one label unseen, or already even: unchanged
+        assert balanced_weights(ups, downs, config, cap=10) == config
+    with pytest.raises(ValueError, match="cap=0.5 must be >= 1"):
+        balanced_weights(1, 2, config, cap=0.5)
 
 
 def test_bradley_terry_by_hand() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 from online_rl.config import Settings
@@ -39,3 +40,22 @@ def test_a_non_finite_loss_skips_the_update_and_says_so(tiny_model: Path) -> Non
         embedding[routed.pairs[0][0][0]] = saved
     assert "nonfinite" not in worker.train_step(part)  # and the next finite step trains again
     assert any(not torch.equal(before[name], value) for name, value in worker.adapter().items())
+
+
+def test_the_kto_weights_a_step_carries_replace_the_specs(tiny_model: Path) -> None:
+    settings = Settings(model={"name": TINY_NAME, "path": tiny_model},  # type: ignore[arg-type]
+                        trainer={"precision": "fp32", "kto_desirable_weight": 2.0})  # type: ignore[arg-type]
+    rng = random.Random(1)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(100, 5000) for _ in range(n)]
+
+    routed = Routed(thumbs=[(ids(4), ids(3), up) for up in (True, False, True)])
+    # The adapter starts as the identity (LoRA's B is 0), so every log-ratio and the reference point are
+    # 0 and each thumb's loss is its weight x (1 - sigmoid(0)) = weight / 2; the metric is their sum.
+    (spec_weights,) = shard(routed, 1)
+    (balanced,) = shard(routed, 1, kto_weights=(3.0, 1.5))
+    assert PolicyWorker(trainer_specs(settings)[0]).train_step(spec_weights)["kto_loss"] == \
+        pytest.approx((2.0 + 1.0 + 2.0) / 2, rel=1e-5)
+    assert PolicyWorker(trainer_specs(settings)[0]).train_step(balanced)["kto_loss"] == \
+        pytest.approx((3.0 + 1.5 + 3.0) / 2, rel=1e-5)
