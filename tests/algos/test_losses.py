@@ -79,7 +79,7 @@ def test_kto_balance_raises_the_rarer_labels_weight_up_to_its_cap() -> None:
     assert balanced_weights(5, 20, KTOConfig(desirable_weight=2.0), cap=10).desirable_weight == 4.0
     for ups, downs in ((0, 7), (7, 0), (6, 6)):  # one label unseen, or already even: unchanged
         assert balanced_weights(ups, downs, config, cap=10) == config
-    with pytest.raises(ValueError, match="cap=0.5 must be >= 1"):
+    with pytest.raises(ValueError, match=r"cap=0\.5 must be >= 1"):
         balanced_weights(1, 2, config, cap=0.5)
 
 
