@@ -184,3 +184,16 @@ def test_the_critic_s_weights_and_optimizer_round_trip(tmp_path: Path) -> None:
     moment = optimizer.state_dict()["state"][0]["exp_avg"]
     assert torch.equal(restored.state_dict()["state"][0]["exp_avg"], moment)
     assert loaded.adapter.keys() == {"w"}  # the policy's own tensors stay apart
+
+
+def test_the_trainers_adapted_coefficients_and_label_counts_survive_a_checkpoint(tmp_path: Path) -> None:
+    from online_rl.trainer.controller import TrainerState
+
+    state = TrainerState(step=7, samples=70, kl_coef=0.07, anchor_kl_coef=1.44, thumbs_up=9, thumbs_down=31)
+    store = CheckpointStore(tmp_path / "ckpt")
+    store.save(Checkpoint(step=7, samples=70, offsets={}, adapter={"w": torch.zeros(2)},
+                          optimizer={"state": {}, "param_groups": []}, metadata=state.metadata()))
+    loaded = store.load_latest()
+    assert loaded is not None
+    back = TrainerState.from_checkpoint(loaded)
+    assert (back.kl_coef, back.anchor_kl_coef, back.thumbs_up, back.thumbs_down) == (0.07, 1.44, 9, 31)
