@@ -73,16 +73,20 @@ def overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
 
 def bench_settings(config: Path, bootstrap: str, work: Path, changes: dict[str, dict[str, Any]],
                    anchors: str = "short") -> Settings:
-    """The config's settings on this run's broker and MLflow store, the cold-start anchors written
-    where the config asks for them (as make demo does), the join window short (feedback comes at once)."""
+    """The config's settings on this run's broker and MLflow store, the embedded model prepared when the
+    config names none, the cold-start anchors written where the config asks for them (as make demo does),
+    the join window short (feedback comes at once)."""
     from online_rl.demo.anchors import write_cold_start
+    from online_rl.models import prepare_embedded_model
 
     base = load_settings(config)
+    if base.model.path is None:  # the embedded default, converted once from its PyPI package (as make demo)
+        base = base.model_copy(update={"model": base.model.model_copy(
+            update={"path": prepare_embedded_model(base.model_dir).path})})
     update: dict[str, Any] = {
         "kafka": base.kafka.model_copy(update={"bootstrap_servers": bootstrap}),
         "mlflow": base.mlflow.model_copy(update={"tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}),
         "join": base.join.model_copy(update={"window_s": 2.0}),
-        "model": base.model.model_copy(update={"path": base.model_dir}),
     }
     trainer: dict[str, Any] = {"batch_timeout_s": 2.0}
     if base.trainer.cold_start_weight > 0 and base.trainer.cold_start is None:

@@ -420,6 +420,18 @@ class TrainerConfig(BaseModel):
         "factor (e.g. 10): a taste its users rarely meet still gets a signal from its few thumbs-up. "
         "Empty: the two weights above, fixed.",
     )
+    pair_thumbs: bool = Field(
+        default=False,
+        description="Make a thumbs-up and a thumbs-down on the same prompt one DPO pair (the liked answer "
+        "chosen), within a batch or with an unpaired thumb of the last pair_thumbs_memory: the pair "
+        "cancels what both answers share, the prompt included; the thumbs left over train as KTO "
+        "thumbs. Needs trainer.algorithm=auto.",
+    )
+    pair_thumbs_memory: int = Field(
+        default=1024, ge=0, le=1_000_000,
+        description="With pair_thumbs: unpaired thumbs of earlier batches kept (in memory) to pair with a "
+        "later opposite thumb on the same prompt; 0 pairs within a batch only.",
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",
         description="auto: bfloat16 where the device runs it natively and faster (a GPU with native bf16; "
@@ -541,6 +553,10 @@ class TrainerConfig(BaseModel):
             raise ValueError("trainer.cold_start_kl_target adapts the cold-start KL term's weight: set "
                              "trainer.cold_start_loss=kl and a starting trainer.cold_start_kl_coef above 0 "
                              "(e.g. 0.25), or leave cold_start_kl_target empty")
+        if self.pair_thumbs and self.algorithm != "auto":
+            raise ValueError(f"trainer.pair_thumbs makes DPO pairs of thumbs and trains the rest with KTO, "
+                             f"and trainer.algorithm={self.algorithm} trains only one of them: set "
+                             "trainer.algorithm=auto, or pair_thumbs false")
         if self.cold_start_loss == "kl" and self.algorithm == "ppo":
             raise ValueError("trainer.cold_start_loss=kl holds the DPO/KTO step to its anchors, and "
                              "trainer.algorithm=ppo takes none: use cold_start_loss=label, or algorithm auto")

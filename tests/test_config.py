@@ -62,6 +62,8 @@ def test_explicit_arguments_beat_the_environment(monkeypatch: pytest.MonkeyPatch
      r"trainer.cold_start_kl_target adapts .* set trainer.cold_start_loss=kl"),
     ("trainer:\n  cold_start_loss: kl\n  cold_start_kl_coef: 0\n  cold_start_kl_target: 0.02\n",
      r"a starting trainer.cold_start_kl_coef above 0"),
+    ("trainer:\n  pair_thumbs: true\n  algorithm: kto\n",
+     r"trainer.pair_thumbs makes DPO pairs .* trainer.algorithm=kto .* set trainer.algorithm=auto"),
     ("trainer:\n  eval_holdout: 0.7\n", r"trainer.eval_holdout"),
     ("trainer:\n  algorithm: grpo\n", r"trainer.algorithm"),
     ("hybrid:\n  fsdp: 3\n  tp: 2\n", r"hybrid.tp=2 must divide hybrid.dp × hybrid.fsdp = 3"),

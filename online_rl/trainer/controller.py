@@ -61,7 +61,14 @@ from online_rl.trainer.flows import (
 )
 from online_rl.trainer.metrics import TrainerMetrics
 from online_rl.trainer.ppo import advantages_for
-from online_rl.trainer.samples import Routed, anchor_sequences, held_out, load_cold_start, route
+from online_rl.trainer.samples import (
+    Routed,
+    ThumbPairer,
+    anchor_sequences,
+    held_out,
+    load_cold_start,
+    route,
+)
 from online_rl.trainer.spec import trainer_specs
 
 if TYPE_CHECKING:
@@ -168,6 +175,7 @@ class Trainer:
         self._run: TrainingRun | None = None
         self.state: TrainerState | None = None  # while running: the live state (read-only for others)
         self._publish_requested = threading.Event()
+        self.pairer = ThumbPairer(self.config.pair_thumbs_memory)  # trainer.pair_thumbs's waiting thumbs
         self.kind: str | None = None  # the kind of flow this trainer runs, once built
         self.rollout: RolloutProgram | None = None
         self.flow = build_flow(self, flow if flow is not None else self.config.flow)
@@ -366,7 +374,7 @@ class Trainer:
             state.cold_since_publish += step.batch.cold_start
             step.data["updated"] = True
             return
-        trained = set(routed.pair_ids) | set(routed.thumb_ids) | set(routed.rollout_ids)
+        trained = routed.sample_ids
         skipped = [record for sample, record in zip(step.batch.items, step.batch.records, strict=True)
                    if record is not None and sample.sample_id in trained]
         for record in skipped:
@@ -472,7 +480,11 @@ class Trainer:
                                extra={"event": "dead_letter", "sample_id": sample.sample_id,
                                       "reason": reason})
             dead.flush()  # the dead letters are durable before their offsets are committed
-        return routed.split(live_held.__contains__)
+        kept, held = routed.split(live_held.__contains__)
+        if self.config.pair_thumbs:  # live thumbs only: the cold-start set keeps its own role
+            cold = {s.sample_id for s, r in zip(items, records, strict=True) if r is None}
+            kept = self.pairer.pair(kept, cold)
+        return kept, held
 
     def _update(self, state: TrainerState, routed: Routed) -> bool:
         """One update on `routed`; False (and nothing counted) when its loss or gradient was not finite."""
@@ -486,6 +498,9 @@ class Trainer:
             metrics = self.group.train_step(routed, state.anchor_kl_coef if adaptive else None, weights)
         if weights is not None and routed.thumbs:
             metrics |= {"kto_desirable_weight": weights[0], "kto_undesirable_weight": weights[1]}
+        if self.config.pair_thumbs and metrics:
+            metrics |= {"thumb_pairs": float(len(routed.paired_thumb_ids)),
+                        "thumbs_awaiting_pair": float(len(self.pairer))}
         if routed.rollouts and not metrics.get("nonfinite"):
             metrics = _merge_steps(metrics, self._ppo(state, routed))
         if metrics.get("nonfinite"):

@@ -10,7 +10,8 @@ default reward (nobody answered), is skipped. Pure: no model, no bus.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -22,7 +23,7 @@ from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
 from online_rl.registry.runs import served_by
 
-__all__ = ["Algorithm", "Anchor", "Rollout", "Routed", "Shard", "anchor_sequences", "held_out",
+__all__ = ["Algorithm", "Anchor", "Rollout", "Routed", "Shard", "ThumbPairer", "anchor_sequences", "held_out",
            "load_cold_start", "route", "shard"]
 
 Pair = tuple[list[int], list[int], list[int]]
@@ -39,6 +40,7 @@ class Routed:
     pairs: list[Pair] = field(default_factory=list)
     thumbs: list[Thumb] = field(default_factory=list)
     pair_ids: list[str] = field(default_factory=list)  # sample ids, parallel to `pairs`
+    paired_thumb_ids: list[str] = field(default_factory=list)  # the thumbs-down of pairs made of two thumbs
     thumb_ids: list[str] = field(default_factory=list)  # ... and to `thumbs`
     rollouts: list[Rollout] = field(default_factory=list)
     rollout_ids: list[str] = field(default_factory=list)
@@ -70,6 +72,11 @@ class Routed:
         kept.rollouts, kept.rollout_ids = self.rollouts, self.rollout_ids  # PPO is judged by its reward
         kept.anchors = self.anchors
         return kept, held
+
+    @property
+    def sample_ids(self) -> set[str]:
+        """The ids of every sample this step trains on (both thumbs of a pair made of two)."""
+        return set(self.pair_ids) | set(self.paired_thumb_ids) | set(self.thumb_ids) | set(self.rollout_ids)
 
     @property
     def tokens(self) -> int:
@@ -134,6 +141,96 @@ def route(samples: Sequence[TrainingSample], algorithm: Algorithm, base_model: s
         routed.behaviour_versions |= served_by(sample)
         routed.reward_mapping_versions.add(sample.reward_mapping_version)
     return routed
+
+
+class ThumbPairer:
+    """Opposite thumbs on one prompt become a DPO pair (`trainer.pair_thumbs`).
+
+    A thumbs-up and a thumbs-down on the same prompt (the same prompt tokens) say which of two answers
+    a user prefers, as a pairwise vote does, and DPO on the pair cancels what the two answers share: the
+    prompt itself, which unpaired thumbs can mistake for the taste. A thumb is paired with an opposite
+    one of its batch, else with the newest opposite thumb of the last `memory` unpaired thumbs of
+    earlier batches (which trained as KTO thumbs when they came and are used once more, in the pair);
+    one that finds no partner trains as a KTO thumb and waits in the memory. Thumbs whose ids are in
+    `exclude` (the cold-start set) are never paired. The memory lives in the trainer process: after a
+    restart it starts empty and fewer pairs form, nothing is lost. Pure: no model, no bus.
+    """
+
+    def __init__(self, memory: int) -> None:
+        self.memory = memory
+        # prompt tokens -> unpaired thumbs of earlier batches: (completion, label, sample id), oldest first
+        self._waiting: OrderedDict[tuple[int, ...], list[tuple[list[int], bool, str]]] = OrderedDict()
+        self._held = 0
+
+    def __len__(self) -> int:
+        return self._held
+
+    def pair(self, routed: Routed, exclude: Container[str] = ()) -> Routed:
+        """`routed` with its pairable thumbs made into pairs (chosen: the thumbs-up's answer)."""
+        out = Routed(pairs=list(routed.pairs), pair_ids=list(routed.pair_ids),
+                     paired_thumb_ids=list(routed.paired_thumb_ids), rollouts=routed.rollouts,
+                     rollout_ids=routed.rollout_ids, anchors=routed.anchors, skipped=routed.skipped,
+                     unusable=routed.unusable, behaviour_versions=routed.behaviour_versions,
+                     reward_mapping_versions=routed.reward_mapping_versions)
+        batch: dict[tuple[int, ...], list[int]] = {}  # prompt -> indexes of this batch's unpaired thumbs
+        single = [True] * len(routed.thumbs)
+        for i, (thumb, sample_id) in enumerate(zip(routed.thumbs, routed.thumb_ids, strict=True)):
+            prompt, completion, up = thumb
+            if sample_id in exclude:
+                continue
+            key = tuple(prompt)
+            mate = next((j for j in reversed(batch.get(key, [])) if routed.thumbs[j][2] != up
+                         and routed.thumbs[j][1] != completion), None)
+            if mate is not None:
+                batch[key].remove(mate)
+                single[mate] = single[i] = False
+                other, other_id = routed.thumbs[mate][1], routed.thumb_ids[mate]
+            else:
+                earlier = self._take(key, up, completion)
+                if earlier is None:
+                    batch.setdefault(key, []).append(i)
+                    continue
+                single[i] = False
+                other, other_id = earlier
+            chosen, rejected = (completion, other) if up else (other, completion)
+            out.pairs.append((list(prompt), chosen, rejected))
+            out.pair_ids.append(sample_id if up else other_id)
+            out.paired_thumb_ids.append(other_id if up else sample_id)
+        for i, keep in enumerate(single):
+            if keep:
+                out.thumbs.append(routed.thumbs[i])
+                out.thumb_ids.append(routed.thumb_ids[i])
+        for key, indexes in batch.items():
+            for i in indexes:
+                self._remember(key, routed.thumbs[i][1], routed.thumbs[i][2], routed.thumb_ids[i])
+        return out
+
+    def _take(self, key: tuple[int, ...], up: bool, completion: list[int]) -> tuple[list[int], str] | None:
+        waiting = self._waiting.get(key)
+        if not waiting:
+            return None
+        for j in range(len(waiting) - 1, -1, -1):
+            other, label, sample_id = waiting[j]
+            if label != up and other != completion:
+                del waiting[j]
+                self._held -= 1
+                if not waiting:
+                    del self._waiting[key]
+                return other, sample_id
+        return None
+
+    def _remember(self, key: tuple[int, ...], completion: list[int], up: bool, sample_id: str) -> None:
+        if self.memory <= 0:
+            return
+        self._waiting.setdefault(key, []).append((completion, up, sample_id))
+        self._waiting.move_to_end(key)
+        self._held += 1
+        while self._held > self.memory:  # forget the oldest thumb of the least recently thumbed prompt
+            oldest = next(iter(self._waiting))
+            self._waiting[oldest].pop(0)
+            self._held -= 1
+            if not self._waiting[oldest]:
+                del self._waiting[oldest]
 
 
 @dataclass

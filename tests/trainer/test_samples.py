@@ -9,7 +9,7 @@ import pytest
 
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
-from online_rl.trainer.samples import anchor_sequences, load_cold_start, route, shard
+from online_rl.trainer.samples import Routed, ThumbPairer, anchor_sequences, load_cold_start, route, shard
 from tests.conftest import TINY_NAME
 from tests.trainer.test_trainer import _pair, _single
 
@@ -68,3 +68,49 @@ def test_anchors_are_every_answer_of_the_cold_start_samples_and_are_split_over_t
     shards = shard(routed, 2)
     assert sorted(a for s in shards for a in s.anchors) == sorted(anchors)
     assert all(s.total_anchor_tokens == sum(len(a) for _, a in anchors) for s in shards)
+
+
+def _thumbs(*rows: tuple[str, list[int], list[int], bool]) -> Routed:
+    """A routed batch of thumbs: (sample id, prompt tokens, answer tokens, thumbs-up)."""
+    routed = Routed()
+    for sample_id, prompt, answer, up in rows:
+        routed.thumbs.append((prompt, answer, up))
+        routed.thumb_ids.append(sample_id)
+    return routed
+
+
+def test_opposite_thumbs_on_one_prompt_become_a_pair_with_the_liked_answer_chosen() -> None:
+    pairer = ThumbPairer(memory=16)
+    batch = _thumbs(("down", [1, 2], [7, 8], False), ("other", [3], [9], True), ("up", [1, 2], [5, 6], True),
+                    ("same-label", [3], [4], True))
+    out = pairer.pair(batch)
+    assert out.pairs == [([1, 2], [5, 6], [7, 8])]  # (prompt, chosen: the thumbs-up's, rejected)
+    assert out.pair_ids == ["up"] and out.paired_thumb_ids == ["down"]
+    # two thumbs-up on one prompt say nothing about which is better: both stay KTO thumbs, and wait
+    assert out.thumb_ids == ["other", "same-label"] and len(pairer) == 2
+    assert out.sample_ids == {"up", "down", "other", "same-label"} and out.trained == 3
+
+
+def test_a_thumb_pairs_with_an_opposite_one_of_an_earlier_batch_once() -> None:
+    pairer = ThumbPairer(memory=16)
+    first = pairer.pair(_thumbs(("early-down", [1, 2], [7, 8], False)))
+    assert first.thumb_ids == ["early-down"] and not first.pairs  # trained as a KTO thumb when it came
+    later = pairer.pair(_thumbs(("up", [1, 2], [5, 6], True), ("up-again", [1, 2], [4], True)))
+    assert later.pairs == [([1, 2], [5, 6], [7, 8])] and later.paired_thumb_ids == ["early-down"]
+    assert later.thumb_ids == ["up-again"]  # the earlier thumb is used once
+    # the same answer with both labels (two users disagree) is no preference: never paired
+    same = pairer.pair(_thumbs(("dup", [1, 2], [4], False)))
+    assert not same.pairs and same.thumb_ids == ["dup"]
+
+
+def test_the_pairer_keeps_the_cold_start_set_out_and_its_memory_bounded() -> None:
+    pairer = ThumbPairer(memory=2)
+    out = pairer.pair(_thumbs(("cold", [1], [5], True), ("live", [1], [6], False)), exclude={"cold"})
+    assert not out.pairs and out.thumb_ids == ["cold", "live"] and len(pairer) == 1  # only "live" waits
+    pairer.pair(_thumbs(("b", [2], [5], False), ("c", [3], [5], False)))  # the oldest, "live", is forgotten
+    assert len(pairer) == 2
+    assert not pairer.pair(_thumbs(("late-up", [1], [7], True))).pairs
+    assert pairer.pair(_thumbs(("c-up", [3], [7], True))).paired_thumb_ids == ["c"]
+    within = ThumbPairer(memory=0)  # pairs within a batch only
+    within.pair(_thumbs(("x", [1], [5], False)))
+    assert not within.pair(_thumbs(("y", [1], [6], True))).pairs and len(within) == 0

@@ -286,6 +286,39 @@ def test_cold_start_samples_are_mixed_into_the_batches_and_recorded(
     bus.close()
 
 
+def test_opposite_thumbs_on_one_prompt_train_as_a_dpo_pair(settings: Settings, ray_runtime: None) -> None:
+    from online_rl.tracking import mlflow_client
+
+    settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={
+        "pair_thumbs": True, "batch_size": 6, "publish_every_samples": 4})})
+    bus, topics = _kafka_topics(settings, partitions=1)
+    rng = random.Random(7)
+    thumbs = []
+    for i in range(3):
+        pair = _pair(i, rng)
+        assert pair.chosen is not None and pair.rejected is not None
+        up = _single(pair, list(pair.chosen.token_ids), 1.0, "thumbs", [-1.0] * len(pair.chosen.token_ids))
+        # two users on prompts 0 and 1 disagree (a thumbs-down on the other answer); prompt 2 gets two ups
+        other = pair.rejected.token_ids if i < 2 else [*pair.chosen.token_ids[:-1], 3000]
+        second = _single(pair, list(other), 0.0 if i < 2 else 1.0, "thumbs", [-1.0] * len(other))
+        thumbs += [up.model_copy(update={"sample_id": f"up{i}"}),
+                   second.model_copy(update={"sample_id": f"b{i}"})]
+    send(bus.producer(), topics.samples, thumbs)
+    trainer = Trainer(settings, bus)
+    state = trainer.run(idle_exit_s=3.0)
+    assert state.step == 1 and [v.version for v in trainer.published] == ["1"]
+    client = mlflow_client(settings)
+    run_id = client.get_model_version("policy", "1").run_id
+
+    def logged(name: str) -> list[float]:
+        return [m.value for m in client.get_metric_history(run_id, name)]
+
+    # the two disagreements trained as DPO pairs, the two thumbs-up of prompt 2 as KTO thumbs
+    assert logged("thumb_pairs") == [2.0] and logged("thumbs_awaiting_pair") == [2.0]
+    assert len(logged("dpo_loss")) == 1 and len(logged("kto_loss")) == 1 and state.samples == 4
+    bus.close()
+
+
 def test_held_out_gains_trigger_publishing_and_the_champion_becomes_the_kl_anchor(
     settings: Settings, ray_runtime: None, tmp_path: Path
 ) -> None:
