@@ -582,6 +582,33 @@ class HybridConfig(BaseModel):
         "transition then moves only the adapter. False: reshard everything every time and free the copy "
         "when training resumes.",
     )
+    engine: Literal["tp", "vllm"] = Field(
+        default="tp",
+        description="What generates the rollouts: tp (the hybrid devices' own tensor-parallel engine, the "
+        "HybridEngine resharding into it) or vllm (a vLLM engine beside the devices on engine_cpus / "
+        "engine_gpus: the base loaded once by vLLM, each adapter version installed from memory).",
+    )
+    engine_cpus: float = Field(default=1.0, ge=0, description="CPUs of the vLLM rollout engine's actor.")
+    engine_gpus: float = Field(default=0.0, ge=0, description="GPUs of the vLLM rollout engine's actor.")
+    engine_max_model_len: int = Field(
+        default=1024, ge=16, le=131072, description="Longest prompt + completion the vLLM engine takes.")
+    max_staleness: int = Field(
+        default=0, ge=0, le=64,
+        description="Versions a rollout may lag the policy it trains (vllm engine): 0 samples every batch "
+        "with the newest adapter, in turn with the update; above 0 the next batch is sampled while the "
+        "current one trains.",
+    )
+    rollout_ahead: int | None = Field(
+        default=None, ge=0, le=64,
+        description="Batches the vLLM engine samples ahead of the update (empty: max_staleness). Above "
+        "max_staleness, batches can arrive older than the bound, and `stale` says what happens to them.",
+    )
+    stale: Literal["wait", "drop", "keep"] = Field(
+        default="wait",
+        description="A batch that would be trained more than max_staleness versions after the adapter that "
+        "sampled it: wait (the engine samples no further ahead than the bound allows), drop (sampled, then "
+        "discarded and counted) or keep (trained, its behaviour log-probs correcting the update).",
+    )
     rollout_batch: int = Field(default=8, ge=1, le=4096, description="Prompts sampled per PPO iteration.")
     max_new_tokens: int = Field(default=32, ge=1, le=4096, description="Longest completion sampled.")
     temperature: float = Field(default=1.0, gt=0, le=5, description="Sampling temperature of the rollouts.")
@@ -641,6 +668,9 @@ class HybridConfig(BaseModel):
         if self.world % self.tp:
             raise ValueError(f"hybrid.tp={self.tp} must divide hybrid.dp × hybrid.fsdp = {self.world}: every "
                              "device serves in exactly one engine replica")
+        if self.engine == "tp" and (self.max_staleness or self.rollout_ahead):
+            raise ValueError("hybrid.max_staleness and hybrid.rollout_ahead need hybrid.engine=vllm: the tp "
+                             "engine runs on the training devices, in turn with the update; set both to 0")
         if self.rollout_batch < self.world:
             raise ValueError(f"hybrid.rollout_batch={self.rollout_batch} must be >= dp × fsdp = {self.world} "
                              "so that every FSDP device trains on a rollout")

@@ -154,6 +154,12 @@ class HybridGroup:
 
         return dict(ray.get(self.workers[0].plan_summary.remote()))
 
+    def adapter_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The adapter's full tensors (PEFT's names) and its LoRA config, gathered from the FSDP shards."""
+        state = self._all("adapter_state")[0]
+        assert state is not None
+        return state
+
     def save_adapter(self, folder: str) -> None:
         """The adapter written as a PEFT folder here, on the driver's node."""
         from online_rl.registry.lineage import write_folder

@@ -30,6 +30,7 @@ import torch
 from online_rl.algos import AdaptiveKLController, critic_free_advantages
 from online_rl.flow import FEEDBACK, REWARD_MODEL, combine, dead_letter_failures
 from online_rl.hybrid.group import HybridGroup
+from online_rl.hybrid.pipeline import Batch, StalenessPipeline
 from online_rl.trainer.ppo import advantages_for
 from online_rl.trainer.spec import hybrid_specs
 
@@ -66,6 +67,15 @@ class ColocatedPPO:
         self.pairs_seen = 0
         self.steps = 0
         self.random = random.Random(settings.trainer.seed)
+        self.last_sync: dict[str, Any] = {}
+        self.updates = 0  # policy updates so far: the version a rollout batch is sampled with
+        self.synced = -1  # the update count of the adapter the engine has
+        self.submitted = 0
+        self.pipeline: StalenessPipeline | None = None
+        if self.config.engine == "vllm" and (self.config.max_staleness or self.config.rollout_ahead):
+            self.pipeline = StalenessPipeline(self.config.max_staleness, self.config.rollout_ahead,
+                                              self.config.stale)
+        self.timeline: list[dict[str, Any]] = []  # per batch: when it was sampled and trained
 
     def _start_workers(self, settings: Settings) -> None:
         """The hybrid actor group, and on device 0's bundle the reward model (and the critic, for GAE)."""
@@ -76,7 +86,8 @@ class ColocatedPPO:
         from online_rl.trainer.critic import CriticWorker
 
         policy, critic, reward = hybrid_specs(settings)
-        cpus = self.config.cpus_per_worker or max(1.0, float(settings.ray.num_cpus // self.config.world))
+        free = settings.ray.num_cpus - (self.config.engine_cpus if self.config.engine == "vllm" else 0)
+        cpus = self.config.cpus_per_worker or max(1.0, float(int(free) // self.config.world))
         self.group = HybridGroup(policy, self.config.dp, self.config.fsdp, self.config.tp,
                                  cpus, self.config.gpus_per_worker, cache_dir=settings.cache_dir)
         # the critic and the reward model time-share device 0's bundle, as verl colocates them
@@ -96,6 +107,9 @@ class ColocatedPPO:
         if self.uses_reward_model:  # a rule of functions alone needs no reward model
             self.reward = ray.remote(RewardWorker).options(num_cpus=0, scheduling_strategy=share).remote(
                 reward.resolved(self.precision.precision), threads, device)
+        from online_rl.hybrid.generation import generation_for
+
+        self.engine = generation_for(settings, self.group)
         self.ppo = policy.ppo
         self.kl = AdaptiveKLController(self.ppo.kl)
         self.kl_coef = self.config.kl_coef
@@ -161,23 +175,23 @@ class ColocatedPPO:
                                                    dict[str, float]]:
         """Switch to generation, sample a completion per prompt with the current policy, switch back."""
         start = time.perf_counter()
-        moved = self.group.to_generation(keep_base=self.config.keep_base)
+        moved = self.engine.sync()
         switched = time.perf_counter()
         try:
-            out = self.group.generate(prompts, self.config.max_new_tokens,
-                                      self.config.temperature if temperature is None else temperature,
-                                      seed=self.steps * 7919 if seed is None else seed)
+            out = self.engine.generate(prompts, self.config.max_new_tokens,
+                                       self.config.temperature if temperature is None else temperature,
+                                       seed=self.steps * 7919 if seed is None else seed)
             generated = time.perf_counter()
         finally:
-            self.group.to_training()  # the training shards come back even when generation fails
+            self.engine.release()  # the training shards come back even when generation fails
         rollouts = [(list(p), o["token_ids"]) for p, o in zip(prompts, out, strict=True)]
         tokens = sum(len(c) for _, c in rollouts)
-        adapter_bytes = max(m["adapter"]["received_bytes"] for m in moved)
+        self.last_sync = moved
         return rollouts, [o["logprobs"] for o in out], {
             "to_generation_s": switched - start, "generate_s": generated - switched,
             "to_training_s": time.perf_counter() - generated, "generated_tokens": float(tokens),
             "generate_tokens_per_s": tokens / max(generated - switched, 1e-9),
-            "adapter_sync_bytes": float(adapter_bytes)}
+            "adapter_sync_bytes": float(moved["adapter_sync_bytes"])}
 
     def rewards(self, rollouts: Sequence[tuple[list[int], list[int]]], meta: dict[str, Any] | None = None,
                 texts: tuple[list[str], list[str]] | None = None
@@ -259,13 +273,66 @@ class ColocatedPPO:
         data.setdefault("started", time.perf_counter())
         critic_free = self.config.critic_free
         n = critic_free.group_size if critic_free is not None else 1
-        prompts = [list(p) for p in self.random.choices(list(self.prompts), k=self.config.rollout_batch)]
-        rollouts, behaviour, timing = self.rollouts([p for p in prompts for _ in range(n)])
-        data.setdefault("metrics", {}).update(timing)
-        data |= {"prompts": prompts, "rollouts": rollouts, "behaviour": behaviour,
-                 "groups": [i // n for i in range(len(rollouts))]}
+        if self.pipeline is not None:
+            self._pipelined(data, n)
+        else:
+            prompts = [list(p) for p in self.random.choices(list(self.prompts), k=self.config.rollout_batch)]
+            sampled = time.time()
+            rollouts, behaviour, timing = self.rollouts([p for p in prompts for _ in range(n)])
+            data.setdefault("metrics", {}).update(timing | {"staleness": 0.0})
+            data |= {"prompts": prompts, "rollouts": rollouts, "behaviour": behaviour,
+                     "groups": [i // n for i in range(len(rollouts))],
+                     "adapter": self.last_sync.get("adapter_name"), "version": self.updates,
+                     "sampled": (sampled, time.time())}
         # what a reward node reads: the texts, as reward functions see them
-        data["prompt_texts"], data["completions"] = self._texts(rollouts)
+        data["prompt_texts"], data["completions"] = self._texts(data["rollouts"])
+
+    def _pipelined(self, data: dict[str, Any], n: int) -> None:
+        """The batch to train from the asynchronous pipeline: batches are sampled ahead with the adapter
+        current when they were submitted (synced first when the policy moved), within the staleness
+        bound; while this one trains, the engine samples the next."""
+        import ray
+
+        from online_rl.hybrid.generation import VllmGeneration
+
+        engine = self.engine
+        assert isinstance(engine, VllmGeneration) and self.pipeline is not None
+        metrics = data.setdefault("metrics", {})
+        config = self.config
+
+        def submit(version: int) -> Batch:
+            if self.synced != self.updates:  # the newest adapter for everything sampled from now on
+                self.last_sync = engine.sync()
+                self.synced = self.updates
+                metrics["adapter_sync_bytes"] = float(self.last_sync["adapter_sync_bytes"])
+                metrics["sync_s"] = metrics.get("sync_s", 0.0) + self.last_sync["sync_s"]
+            prompts = [list(p) for p in self.random.choices(list(self.prompts), k=config.rollout_batch)]
+            seed, self.submitted = self.submitted * 7919, self.submitted + 1
+            handle, name = engine.submit([p for p in prompts for _ in range(n)], config.max_new_tokens,
+                                         config.temperature, seed)
+            return Batch(handle, name, version, prompts, time.time())
+
+        def collect(batch: Batch) -> Any:
+            try:
+                return ray.get(batch.handle)
+            finally:
+                engine.done(batch.adapter)
+
+        waited = time.perf_counter()
+        batch, staleness, dropped = self.pipeline.next(self.updates, submit, collect)
+        out = batch.result
+        prompts = batch.payload
+        completions = out["completions"]
+        expanded = [p for p in prompts for _ in range(n)]
+        rollouts = [(list(p), c["token_ids"]) for p, c in zip(expanded, completions, strict=True)]
+        tokens = sum(len(c) for _, c in rollouts)
+        metrics |= {"wait_s": time.perf_counter() - waited, "staleness": float(staleness),
+                    "dropped_batches": float(len(dropped)), "generated_tokens": float(tokens),
+                    "generate_s": out["finished"] - out["started"],
+                    "generate_tokens_per_s": tokens / max(out["finished"] - out["started"], 1e-9)}
+        data |= {"prompts": prompts, "rollouts": rollouts, "behaviour": [c["logprobs"] for c in completions],
+                 "groups": [i // n for i in range(len(rollouts))], "adapter": batch.adapter,
+                 "version": batch.version, "sampled": (out["started"], out["finished"])}
 
     def reward_phase(self, data: dict[str, Any]) -> None:
         """`rewards`: one per rollout by the rule of `settings.rewards` (None: unscored)."""
@@ -296,17 +363,23 @@ class ColocatedPPO:
         if data.get("skipped"):
             return
         args = (data["rollouts"], data["behaviour"], data["old"], data["ref"], data["scores"])
+        updating = time.time()
         if self.config.critic_free is None:
             data["metrics"].update(self._gae_update(*args))
         else:
             data["metrics"].update(self._critic_free_update(*args, data["groups"]))
         data["trained"] = True
+        self.updates += 1
+        data["updated"] = (updating, time.time())
 
     def finish(self, data: dict[str, Any]) -> dict[str, float]:
         """The iteration's metrics (and its log line)."""
         metrics: dict[str, float] = data["metrics"]
         metrics |= {"step": float(self.steps), "rollouts": float(len(data["rollouts"])),
                     "iteration_s": time.perf_counter() - data["started"]}
+        if "sampled" in data:  # the timeline: when this batch was sampled (by which version), when it trained
+            self.timeline.append({"step": self.steps, "version": data["version"], "adapter": data["adapter"],
+                                  "sampled": list(data["sampled"]), "updated": list(data.get("updated", ()))})
         if data.get("skipped"):
             return metrics | {"skipped": 1.0}
         gap = [abs(o - b) for row, served in zip(data["old"], data["behaviour"], strict=True)
@@ -370,13 +443,13 @@ class ColocatedPPO:
         import ray
 
         batch = [list(p) for p in prompts for _ in range(samples)]
-        self.group.to_generation(keep_base=self.config.keep_base)
+        self.engine.sync()
         try:
             length, temperature = self.config.max_new_tokens, self.config.temperature
-            policy = self.group.generate(batch, length, temperature, seed=seed)
-            base = self.group.generate(batch, length, temperature, seed=seed, adapter=None)
+            policy = self.engine.generate(batch, length, temperature, seed=seed)
+            base = self.engine.generate(batch, length, temperature, seed=seed, adapter=None)
         finally:
-            self.group.to_training()
+            self.engine.release()
         ours = [(p, o["token_ids"]) for p, o in zip(batch, policy, strict=True)]
         theirs = [(p, o["token_ids"]) for p, o in zip(batch, base, strict=True)]
         kl = [sum(o) - sum(r) for o, r in self.group.score(ours)]
@@ -406,6 +479,9 @@ class ColocatedPPO:
         for actor in (self.critic, self.reward):
             if actor is not None:
                 ray.kill(actor)
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
         if self.functions is not None:
             self.functions.close()
         if self._producer is not None:

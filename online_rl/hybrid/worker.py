@@ -293,6 +293,17 @@ class HybridWorker:
                         "ppo_approx_kl": loss.approx_kl.item(), "grad_norm": norm}
         return metrics | {"step_s": time.perf_counter() - start}
 
+    def adapter_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        """The adapter's full tensors under PEFT's saved names and its LoRA config as a dict, for an
+        engine that installs adapters from memory (a collective: every device calls it; rank 0 answers,
+        the others None). Nothing is written to disk."""
+        state = {name.replace(".default.", "."): _full(p).detach().cpu().contiguous()
+                 for name, p in self.policy.named_parameters() if p.requires_grad}
+        if self.rank != 0:
+            return None
+        config = self.policy.active_peft_config.to_dict()
+        return state, {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+
     def adapter_files(self) -> dict[str, bytes] | None:
         """The adapter as a PEFT folder's files (a collective: every device calls it; rank 0 answers,
         the others None). Bytes travel to the driver, which may run on another node."""

@@ -25,3 +25,14 @@ def hangs_once(prompt: str, completion: str, meta: dict[str, Any]) -> float:
     if meta.get("step") == 0 and meta["row"] == 7 and not meta.get("evaluation"):
         time.sleep(1000)
     return 1.0
+
+
+def characters(prompt: str, completion: str, meta: dict[str, Any]) -> float:
+    """The completion's length in characters / 100: varies even among a tiny random model's answers."""
+    return len(completion) / 100
+
+
+def repetitive(prompt: str, completion: str, meta: dict[str, Any]) -> float:
+    """1 − distinct characters / characters: what a tiny random Llama, which tends to repeat its last
+    token, can learn to do more of within a few steps (the rollout-flow learning tests' signal)."""
+    return 1.0 - len(set(completion)) / len(completion) if completion else 0.0

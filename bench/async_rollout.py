@@ -1,0 +1,174 @@
+"""Synchronous against asynchronous rollouts on vLLM with in-memory LoRA sync, on the same prompts and seeds.
+
+    deploy/local/env.sh .venv/bin/python bench/async_rollout.py [--rounds 3] [--steps 4] [--prompts 4]
+        [--group 4] [--max-new-tokens 48] [--staleness 1] [--timeline FILE] [--smoke]
+
+Two rollout flows (`online_rl.hybrid.loop.ColocatedPPO`, `hybrid.engine: vllm`, GRPO with the reward
+function of bench/grpo.py, the default LoRA of `trainer.*` on the embedded model) run side by side in
+one Ray runtime, each with its own vLLM engine actor on `engine_cpus: 1` and its own training device on
+`cpus_per_worker: 1` (the vLLM engine's threads bound to the last core, training's on the others), so
+generation and training have separate cores on both sides:
+
+- `sync`: `max_staleness: 0` — each iteration syncs the adapter, samples, then trains, in turn;
+- `async`: `max_staleness: --staleness` — the next batch is sampled (with the adapter of the last
+  update) while the current one trains.
+
+Both start, then run one warm-up iteration; each round then times `--steps` iterations of each side,
+the sides alternating which goes first; samples/s is rollouts trained / wall time. Printed: the ratio
+`async_vs_sync` (median of the rounds, with its range), `sync_ms` (the median adapter sync: gather
+from the FSDP shards + install in vLLM, milliseconds), `sync_bytes_ratio` (the adapter's bytes moved
+per sync / the base's bytes at the same precision), `staleness_histogram` of the async side (trained
+batches per staleness), and the mean training reward of each side (`reward_sync`, `reward_async`: the
+same prompts and seeds, the async side one version behind). `--timeline FILE` writes the async side's
+per-batch timestamps (sampled from/to, updated from/to) as JSON for the picture in
+docs/rollout-flow.md. The last line is one JSON object with those figures and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import alternated, emit, missing_fields, put_spread
+
+FIELDS: tuple[str, ...] = (
+    "async_vs_sync", "async_vs_sync_range", "samples_per_s_sync", "samples_per_s_async", "sync_ms",
+    "sync_bytes_ratio", "adapter_bytes", "base_bytes", "staleness_histogram", "reward_sync", "reward_async",
+    "rounds", "steps", "rollouts_per_step", "smoke",
+)
+FUNCTION = {"name": "brief_on_topic", "target": "bench.grpo_rewards:brief_on_topic", "weight": 1.0}
+
+
+def _settings(args: argparse.Namespace, work: Path, staleness: int) -> Any:
+    from online_rl.config import load_settings
+
+    base = load_settings()
+    return base.model_copy(update={
+        "cache_dir": work / f"cache-{staleness}",
+        "ray": base.ray.model_validate({**base.ray.model_dump(), "num_cpus": 4}),  # two sides' bundles
+        "hybrid": base.hybrid.model_validate({
+            **base.hybrid.model_dump(), "engine": "vllm", "engine_cpus": 1, "cpus_per_worker": 1,
+            "max_staleness": staleness, "rollout_batch": args.prompts, "max_new_tokens": args.max_new_tokens,
+            "min_pairs": 0, "reward_steps": 0, "learning_rate": 1e-3, "temperature": 1.0,
+            "critic_free": {"estimator": "grpo", "group_size": args.group}}),
+        "rewards": base.rewards.model_validate({"functions": [FUNCTION], "weights": {}}),
+    })
+
+
+def _base_bytes(model_dir: Path) -> int:
+    """The base's parameter bytes in float32 (the adapter's precision), from the safetensors headers."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in model_dir.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                count = 1
+                for size in f.get_slice(name).get_shape():
+                    count *= size
+                total += 4 * count
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--staleness", type=int, default=1)
+    parser.add_argument("--timeline", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help="1 round of 1 step, 2 prompts, 8 tokens")
+    args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.steps, args.prompts, args.group, args.max_new_tokens = 1, 1, 2, 2, 8
+    logging.basicConfig(level=logging.WARNING)
+
+    from transformers import AutoTokenizer
+
+    from online_rl.hybrid.loop import ColocatedPPO
+    from online_rl.simulate import PROMPTS
+
+    with tempfile.TemporaryDirectory(prefix="orl-bench-async-") as tmp:
+        work = Path(tmp)
+        sides = {"sync": _settings(args, work, 0), "async": _settings(args, work, args.staleness)}
+        model_dir = sides["sync"].model_dir
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        train = list(PROMPTS)[:12]
+        prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                                      add_generation_prompt=True, tokenize=True,
+                                                      return_dict=True)["input_ids"]) for q in train]
+        loops: dict[str, ColocatedPPO] = {}
+        try:
+            for name, settings in sides.items():
+                started = time.perf_counter()
+                loops[name] = ColocatedPPO(settings)
+                loops[name].observe(prompts, texts=train)
+                loops[name].step()  # warm-up: the first sync, vLLM's first batches
+                print(f"{name}: started and warmed up in {time.perf_counter() - started:.1f}s", flush=True)
+            rates: dict[str, list[float]] = {"sync": [], "async": []}
+            rewards: dict[str, list[float]] = {"sync": [], "async": []}
+            syncs: list[float] = []
+            ratios: list[float] = []
+            for round_, order in enumerate(alternated(args.rounds, ["sync", "async"])):
+                this: dict[str, float] = {}
+                for name in order:
+                    loop = loops[name]
+                    start, rollouts = time.perf_counter(), 0
+                    for _ in range(args.steps):
+                        metrics = loop.step()
+                        rollouts += int(metrics["rollouts"])
+                        rewards[name].append(metrics["reward"])
+                        if "sync_s" in metrics:
+                            syncs.append(metrics["sync_s"] * 1000)
+                        elif name == "sync" and loop.last_sync.get("sync_s") is not None:
+                            syncs.append(loop.last_sync["sync_s"] * 1000)
+                    this[name] = rollouts / (time.perf_counter() - start)
+                    rates[name].append(this[name])
+                ratios.append(this["async"] / this["sync"])
+                print(f"round {round_ + 1}: sync {this['sync']:.2f} samples/s, async {this['async']:.2f} "
+                      f"samples/s ({ratios[-1]:.2f}x)", flush=True)
+            precision = loops["sync"].precision.precision
+            asynchronous = loops["async"]
+            assert asynchronous.pipeline is not None
+            histogram = {str(k): v for k, v in sorted(asynchronous.pipeline.histogram.items())}
+            adapter_bytes = int(asynchronous.last_sync["adapter_sync_bytes"])
+            if args.timeline is not None:
+                args.timeline.write_text(json.dumps({"async": asynchronous.timeline,
+                                                     "sync": loops["sync"].timeline}, indent=1))
+        finally:
+            for loop in loops.values():
+                loop.close()
+    base_bytes = _base_bytes(model_dir)
+    result: dict[str, Any] = {
+        "samples_per_s_sync": round(statistics.median(rates["sync"]), 3),
+        "samples_per_s_async": round(statistics.median(rates["async"]), 3),
+        "sync_ms": round(statistics.median(syncs), 1), "adapter_bytes": adapter_bytes,
+        "base_bytes": base_bytes,
+        "sync_bytes_ratio": round(adapter_bytes / base_bytes, 5), "staleness_histogram": histogram,
+        "reward_sync": round(statistics.fmean(rewards["sync"]), 4),
+        "reward_async": round(statistics.fmean(rewards["async"]), 4),
+        "rounds": args.rounds, "steps": args.steps, "rollouts_per_step": args.prompts * args.group,
+        "staleness": args.staleness, "smoke": args.smoke,
+    }
+    put_spread(result, "async_vs_sync", ratios)
+    if missing := missing_fields(result, FIELDS):
+        raise SystemExit(f"the result lacks {missing}")
+    print(f"async vs sync: {result['async_vs_sync']}x samples/s (range {result['async_vs_sync_range']}); "
+          f"adapter sync {result['sync_ms']} ms moving {result['sync_bytes_ratio']:.4f} of the base; "
+          f"staleness {histogram}", flush=True)
+    emit(result, precision)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The rollout flow on vLLM (`hybrid.engine: vllm`), on a real Ray runtime and a real vLLM engine: the
+adapter reaches vLLM from memory after every update, vLLM then generates exactly what a PEFT model
+with that adapter generates (greedy), no adapter file is written for a sync, and old versions are
+unloaded."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from online_rl.config import Settings
+from tests.hybrid.test_reshard import PROMPTS, _reference_generation, _train_once
+
+pytestmark = pytest.mark.slow
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _base_generation(model_dir: Path, max_new_tokens: int) -> list[list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    eos = model.config.eos_token_id
+    out = []
+    for prompt in PROMPTS:
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=eos)[0, len(prompt):].tolist()
+        out.append(ids[: ids.index(eos) + 1] if eos in ids else ids)
+    return out
+
+
+def test_rollout_flow_on_vllm_syncs_adapters_from_memory(tiny_model: Path, ray_runtime: None,
+                                                          tmp_path: Path) -> None:
+    from online_rl.hybrid.generation import VllmGeneration
+    from online_rl.hybrid.loop import ColocatedPPO
+
+    settings = Settings(
+        cache_dir=tmp_path / "cache",
+        model={"path": tiny_model},  # type: ignore[arg-type]
+        trainer={"lora_rank": 4, "lora_alpha": 8, "lora_targets": TARGETS},  # type: ignore[arg-type]
+        hybrid={"engine": "vllm", "engine_cpus": 0.5, "cpus_per_worker": 0.5,  # type: ignore[arg-type]
+                "rollout_batch": 2, "max_new_tokens": 8, "min_pairs": 0, "learning_rate": 5e-2,
+                "precision": "fp32", "critic_free": {"estimator": "grpo", "group_size": 4}},
+        rewards={"functions": [{"name": "characters", "target": "tests.hybrid.reward_fns:characters"}],  # type: ignore[arg-type]
+                 "weights": {}},
+    )
+    ppo = ColocatedPPO(settings)
+    try:
+        engine = ppo.engine
+        assert isinstance(engine, VllmGeneration)
+        ppo.observe(prompts=PROMPTS)
+        names = []
+        for step in range(2):
+            metrics = ppo.step()
+            sync = ppo.last_sync
+            names.append(sync["adapter_name"])
+            assert sync["files_written"] == [], sync  # the adapter travelled in memory only
+            assert metrics["rollouts"] == 8 and metrics["generated_tokens"] > 0
+            assert "ppo_loss" in metrics, metrics  # the policy took its steps
+            # vLLM's behaviour log-probs are the trained policy's (fp32 both, temperature 1)
+            assert metrics["behaviour_gap"] < 1e-3, metrics
+            # the adapter is a small share of the base: only it moves
+            base_bytes = sum(f.stat().st_size for f in tiny_model.glob("*.safetensors"))
+            assert 0 < sync["adapter_sync_bytes"] < 0.2 * base_bytes
+            assert engine.adapters()["names"] == {sync["adapter_name"]: step + 1}
+            assert list(engine.adapters()["resident"]) == [step + 1]  # the previous version was unloaded
+        assert len(set(names)) == 2  # a new immutable name per sync
+
+        # after a sync, vLLM's greedy tokens are those of PEFT with the trained adapter
+        _train_once(ppo.group, random.Random(0))  # a large step, so that greedy answers move too
+        sync = engine.sync()
+        ours = [c["token_ids"] for c in engine.generate(PROMPTS, 12, 0.0, seed=0)]
+        ppo.save_adapter(str(tmp_path / "adapter"))
+        assert ours == _reference_generation(tiny_model, tmp_path / "adapter", 12)
+        base = [c["token_ids"] for c in engine.generate(PROMPTS, 12, 0.0, seed=0, adapter=None)]
+        assert base == _base_generation(tiny_model, 12)
+        assert base != ours  # the adapter changed the answers: the comparison above is not vacuous
+
+        with pytest.raises(Exception, match="already installed"):  # names are immutable
+            import ray
+
+            tensors, config = ppo.group.adapter_state()
+            ray.get(engine.actor.install.remote(sync["adapter_name"], tensors, config))
+    finally:
+        ppo.close()
+
+
+def _flow(tiny_model: Path, tmp_path: Path, name: str, **hybrid: object) -> Settings:
+    return Settings(
+        cache_dir=tmp_path / name,
+        model={"path": tiny_model},  # type: ignore[arg-type]
+        trainer={"lora_rank": 4, "lora_alpha": 8, "lora_targets": TARGETS},  # type: ignore[arg-type]
+        hybrid={"engine": "vllm", "engine_cpus": 0.5, "cpus_per_worker": 0.5,  # type: ignore[arg-type]
+                "rollout_batch": 4, "max_new_tokens": 8, "min_pairs": 0, "learning_rate": 5e-2,
+                "precision": "fp32", "critic_free": {"estimator": "grpo", "group_size": 4}} | hybrid,
+        rewards={"functions": [{"name": "repetitive",  # type: ignore[arg-type]
+                                "target": "tests.hybrid.reward_fns:repetitive"}], "weights": {}},
+    )
+
+
+def _learn(settings: Settings, steps: int) -> tuple[list[float], list[dict[str, float]]]:
+    """Run the flow for `steps` iterations; the reward of each and the metrics."""
+    from online_rl.hybrid.loop import ColocatedPPO
+
+    ppo = ColocatedPPO(settings)
+    try:
+        ppo.observe(prompts=PROMPTS)
+        runs = [ppo.step() for _ in range(steps)]
+    finally:
+        ppo.close()
+    return [m["reward"] for m in runs], runs
+
+
+def test_async_pipeline_samples_ahead_within_the_bound(tiny_model: Path, ray_runtime: None,
+                                                       tmp_path: Path) -> None:
+    """With max_staleness 2 the engine samples two batches ahead: the first batches were sampled by the
+    start, then every batch trains exactly two versions after the adapter that sampled it, whose name it
+    carries; its behaviour log-probs then differ from the policy's (the correction has work to do)."""
+    _, runs = _learn(_flow(tiny_model, tmp_path, "async", max_staleness=2), 6)
+    assert [m["staleness"] for m in runs] == [0, 1, 2, 2, 2, 2]
+    assert all("ppo_loss" in m for m in runs)
+    assert runs[0]["behaviour_gap"] < 1e-3 < runs[-1]["behaviour_gap"]
+
+
+def test_batches_older_than_the_bound_are_dropped_when_so_configured(
+        tiny_model: Path, ray_runtime: None, tmp_path: Path) -> None:
+    """Sampling three batches ahead with max_staleness 1 and `stale: drop`: the batches that would train
+    two or three versions late are dropped (counted) and nothing older than the bound trains."""
+    _, runs = _learn(_flow(tiny_model, tmp_path, "drop", max_staleness=1, rollout_ahead=3, stale="drop"), 6)
+    assert all(m["staleness"] <= 1 for m in runs)
+    assert sum(m["dropped_batches"] for m in runs) > 0
+    assert all(m["behaviour_gap"] >= 0 for m in runs if "behaviour_gap" in m)
