@@ -9,6 +9,11 @@ one Ray runtime, each with its own vLLM engine actor on `engine_cpus: 1` and its
 `cpus_per_worker: 1` (the vLLM engine's threads bound to the last core, training's on the others), so
 generation and training have separate cores on both sides:
 
+At the default `--learning-rate 0` the adapter never moves, so batch i has the same prompts, seeds and
+adapter on both sides and both sample the same tokens (`tokens_sync` = `tokens_async`): the ratio
+compares the same work. (Learning moves the policies apart: a policy that learned shorter answers
+samples faster, which is not the pipeline's doing.)
+
 - `sync`: `max_staleness: 0` — each iteration syncs the adapter, samples, then trains, in turn;
 - `async`: `max_staleness: --staleness` — the next batch is sampled (with the adapter of the last
   update) while the current one trains.
@@ -43,7 +48,7 @@ from bench.common import alternated, emit, missing_fields, put_spread
 FIELDS: tuple[str, ...] = (
     "async_vs_sync", "async_vs_sync_range", "samples_per_s_sync", "samples_per_s_async", "sync_ms",
     "sync_bytes_ratio", "adapter_bytes", "base_bytes", "staleness_histogram", "reward_sync", "reward_async",
-    "rounds", "steps", "rollouts_per_step", "smoke",
+    "rounds", "steps", "rollouts_per_step", "tokens_sync", "tokens_async", "smoke",
 )
 FUNCTION = {"name": "brief_on_topic", "target": "bench.grpo_rewards:brief_on_topic", "weight": 1.0}
 
@@ -53,12 +58,11 @@ def _settings(args: argparse.Namespace, work: Path, staleness: int) -> Any:
 
     base = load_settings()
     return base.model_copy(update={
-        "cache_dir": work / f"cache-{staleness}",
         "ray": base.ray.model_validate({**base.ray.model_dump(), "num_cpus": 4}),  # two sides' bundles
         "hybrid": base.hybrid.model_validate({
             **base.hybrid.model_dump(), "engine": "vllm", "engine_cpus": 1, "cpus_per_worker": 1,
             "max_staleness": staleness, "rollout_batch": args.prompts, "max_new_tokens": args.max_new_tokens,
-            "min_pairs": 0, "reward_steps": 0, "learning_rate": 1e-3, "temperature": 1.0,
+            "min_pairs": 0, "reward_steps": 0, "learning_rate": args.learning_rate, "temperature": 1.0,
             "critic_free": {"estimator": "grpo", "group_size": args.group}}),
         "rewards": base.rewards.model_validate({"functions": [FUNCTION], "weights": {}}),
     })
@@ -79,6 +83,58 @@ def _base_bytes(model_dir: Path) -> int:
     return total
 
 
+def draw(rows: list[dict[str, Any]], last: int = 5, per_char: float = 1.0) -> str:
+    """A text picture of the last `last` batches of a timeline: one lane for sampling (the batch's step
+    number while vLLM samples it) and one for updates (the step number while it trains), a character
+    per `per_char` seconds."""
+    rows = rows[-last:]
+    # from the first batch's update (its sampling may lie before a pause, e.g. the other side's turn)
+    start = min([r["sampled"][0] for r in rows[1:]] + [(rows[0]["updated"] or rows[0]["sampled"])[0]])
+    end = max((r["updated"] or r["sampled"])[1] for r in rows)
+    width = int((end - start) / per_char) + 1
+    lanes = {"sample": [" "] * width, "update": [" "] * width}
+    for r in rows:
+        mark = str(r["step"] % 10)
+        for lane, span in (("sample", r["sampled"]), ("update", r["updated"])):
+            if span:
+                first, stop = int((span[0] - start) / per_char), int((span[1] - start) / per_char)
+                for i in range(max(0, first), stop + 1):
+                    lanes[lane][min(i, width - 1)] = mark
+    scale = "".join("|" if i % 10 == 0 else " " for i in range(width))
+    return "\n".join([f"sample  {''.join(lanes['sample'])}", f"update  {''.join(lanes['update'])}",
+                      f"        {scale}  ({per_char:g} s per character, | every {10 * per_char:g} s)"])
+
+
+def _learn(args: argparse.Namespace, work: Path, prompts: list[list[int]], train: list[str],
+           held: list[list[int]], held_texts: list[str]) -> dict[str, Any]:
+    """The learning comparison: `--learn` iterations at lr `--learn-rate` of the synchronous flow, of the
+    asynchronous one at `--learn-staleness`, and of an lr = 0 control, one after the other with the same
+    prompts and seeds; each final policy's reward on held-out prompts (2 answers each, one seed)."""
+    from online_rl.hybrid.loop import ColocatedPPO
+
+    out: dict[str, Any] = {}
+    fn = f"fn_{FUNCTION['name']}"
+    rate = args.learn_rate
+    runs = (("sync", 0, rate), ("async", args.learn_staleness, rate), ("control", 0, 0.0))
+    for name, staleness, lr in runs:
+        learn = argparse.Namespace(**{**vars(args), "learning_rate": lr})
+        started = time.perf_counter()
+        loop = ColocatedPPO(_settings(learn, work, staleness))
+        try:
+            loop.observe(prompts, texts=train)
+            curve = [loop.step()["reward"] for _ in range(args.learn)]
+            evaluation = loop.evaluate(held, samples=2, seed=4321, texts=held_texts)
+        finally:
+            loop.close()
+        out[name] = {"held_out_reward": round(evaluation[fn], 4),
+                     "base_reward": round(evaluation["base_" + fn], 4),
+                     "train_reward_last4": round(statistics.fmean(curve[-4:]), 4),
+                     "seconds": round(time.perf_counter() - started, 1)}
+        print(f"learn {name}: held-out reward {out[name]['held_out_reward']:.3f} "
+              f"(base {out[name]['base_reward']:.3f}) in {out[name]['seconds']:.0f}s", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -87,7 +143,15 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--staleness", type=int, default=1)
+    parser.add_argument("--learning-rate", type=float, default=0.0,
+                        help="0 (the default): the adapter never moves, so both sides sample the same tokens "
+                        "and the ratio compares the same work; above 0 the policies drift apart")
     parser.add_argument("--timeline", type=Path, default=None)
+    parser.add_argument("--learn", type=int, default=0,
+                        help="also compare learning: this many iterations of sync, async, an lr = 0 control")
+    parser.add_argument("--learn-rate", type=float, default=1e-3)
+    parser.add_argument("--learn-staleness", type=int, default=2)
+    parser.add_argument("--only-learn", action="store_true", help="skip the throughput rounds")
     parser.add_argument("--smoke", action="store_true", help="1 round of 1 step, 2 prompts, 8 tokens")
     args = parser.parse_args()
     if args.smoke:
@@ -108,6 +172,16 @@ def main() -> None:
         prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": q}],
                                                       add_generation_prompt=True, tokenize=True,
                                                       return_dict=True)["input_ids"]) for q in train]
+        learned: dict[str, Any] = {}
+        if args.learn:
+            held_texts = list(PROMPTS)[12:24]
+            held = [list(tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                                       add_generation_prompt=True, tokenize=True,
+                                                       return_dict=True)["input_ids"]) for q in held_texts]
+            learned = _learn(args, work, prompts, train, held, held_texts)
+            if args.only_learn:
+                print(json.dumps({"learn": learned, "learn_steps": args.learn}), flush=True)
+                return
         loops: dict[str, ColocatedPPO] = {}
         try:
             for name, settings in sides.items():
@@ -118,6 +192,7 @@ def main() -> None:
                 print(f"{name}: started and warmed up in {time.perf_counter() - started:.1f}s", flush=True)
             rates: dict[str, list[float]] = {"sync": [], "async": []}
             rewards: dict[str, list[float]] = {"sync": [], "async": []}
+            tokens: dict[str, int] = {"sync": 0, "async": 0}
             syncs: list[float] = []
             ratios: list[float] = []
             for round_, order in enumerate(alternated(args.rounds, ["sync", "async"])):
@@ -128,6 +203,7 @@ def main() -> None:
                     for _ in range(args.steps):
                         metrics = loop.step()
                         rollouts += int(metrics["rollouts"])
+                        tokens[name] += int(metrics["generated_tokens"])
                         rewards[name].append(metrics["reward"])
                         if "sync_s" in metrics:
                             syncs.append(metrics["sync_s"] * 1000)
@@ -146,6 +222,8 @@ def main() -> None:
             if args.timeline is not None:
                 args.timeline.write_text(json.dumps({"async": asynchronous.timeline,
                                                      "sync": loops["sync"].timeline}, indent=1))
+                for name in ("sync", "async"):
+                    print(f"{name}, the last round:\n{draw(loops[name].timeline, args.steps)}", flush=True)
         finally:
             for loop in loops.values():
                 loop.close()
@@ -159,8 +237,13 @@ def main() -> None:
         "reward_sync": round(statistics.fmean(rewards["sync"]), 4),
         "reward_async": round(statistics.fmean(rewards["async"]), 4),
         "rounds": args.rounds, "steps": args.steps, "rollouts_per_step": args.prompts * args.group,
-        "staleness": args.staleness, "smoke": args.smoke,
+        "staleness": args.staleness, "learning_rate": args.learning_rate, "tokens_sync": tokens["sync"],
+        "tokens_async": tokens["async"], "smoke": args.smoke,
     }
+    if learned:
+        result |= {"learn": learned, "learn_steps": args.learn, "learn_staleness": args.learn_staleness,
+                   "learn_gap": round(learned["async"]["held_out_reward"]
+                                      - learned["sync"]["held_out_reward"], 4)}
     put_spread(result, "async_vs_sync", ratios)
     if missing := missing_fields(result, FIELDS):
         raise SystemExit(f"the result lacks {missing}")

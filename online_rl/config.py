@@ -590,6 +590,11 @@ class HybridConfig(BaseModel):
     )
     engine_cpus: float = Field(default=1.0, ge=0, description="CPUs of the vLLM rollout engine's actor.")
     engine_gpus: float = Field(default=0.0, ge=0, description="GPUs of the vLLM rollout engine's actor.")
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra vllm.LLM arguments of the vLLM rollout engine (e.g. gpu_memory_utilization; on a "
+        "GPU it defaults to 0.4, leaving the rest to training on a shared GPU).",
+    )
     engine_max_model_len: int = Field(
         default=1024, ge=16, le=131072, description="Longest prompt + completion the vLLM engine takes.")
     max_staleness: int = Field(

@@ -280,3 +280,20 @@ def model_hidden_size(model_dir: Path | str, default: int = 576) -> int:
         return int(json.loads((Path(model_dir) / "config.json").read_text())["hidden_size"])
     except (OSError, ValueError, KeyError, TypeError):
         return default
+
+
+def pin_process(cores: set[int], within: set[int] | None = None) -> set[int]:
+    """Bind every thread of this process (and the threads it starts later) to `cores`, intersected with
+    `within` (default: the cores this thread may use now); returns the cores kept (empty: nothing done,
+    e.g. off Linux)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return set()
+    allowed = (os.sched_getaffinity(0) if within is None else within) & set(cores)
+    if not allowed:
+        return set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), allowed)
+        except (ProcessLookupError, PermissionError, OSError):
+            continue  # a thread that ended meanwhile
+    return allowed

@@ -87,38 +87,53 @@ class VllmGeneration:
             max_adapters=ahead + 2, max_model_len=config.engine_max_model_len,
             max_batch=max(8, config.rollout_batch * (config.critic_free.group_size
                                                       if config.critic_free is not None else 1)),
-            threads=max(1, int(config.engine_cpus)), seed=lora.seed)
+            threads=max(1, int(config.engine_cpus)), seed=lora.seed, extra_args=config.engine_args)
         try:
-            self.start_s = float(ray.get(self.actor.ready.remote())["start_s"])
+            ready = ray.get(self.actor.ready.remote())
         except Exception:
             ray.kill(self.actor)
             raise
+        self.start_s = float(ready["start_s"])
+        self.engine_cores: list[int] = list(ready["cores"])
+        if self.engine_cores:  # generation and training on separate cores
+            group.avoid_cores(set(self.engine_cores))
 
-    def sync(self) -> dict[str, Any]:
+    def sync(self, wait: bool = True) -> dict[str, Any]:
         """Gather the adapter from the FSDP shards and install it under a new name; unload the versions
-        no rollout in flight uses."""
-        import ray
-
+        no rollout in flight uses. With `wait=False` the install is queued behind the engine's running
+        batches and `finish` collects its figures later: the trainer does not wait for generation."""
         start = time.perf_counter()
         tensors, config = self.group.adapter_state()
         gathered = time.perf_counter()
         self.syncs += 1
         name = f"{self.prefix}-sync{self.syncs}"
-        out = ray.get(self.actor.install.remote(name, tensors, config))
+        pending = self.actor.install.remote(name, tensors, config)
         previous, self.current = self.current, name
         if previous is not None:
             self.retire(previous)
-        return {"adapter_name": name, "adapter_sync_bytes": out["bytes"], "base_bytes": 0,
-                "gather_s": gathered - start, "install_s": out["install_s"],
-                "sync_s": time.perf_counter() - start, "files_written": out["files_written"]}
+        out = {"adapter_name": name, "base_bytes": 0, "gather_s": gathered - start,
+               "adapter_sync_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+               "install": pending}
+        return self.finish(out) if wait else out
 
-    def retire(self, name: str) -> None:
-        """Unload `name` unless it is current or rollouts in flight still sample with it."""
+    def finish(self, sync: dict[str, Any]) -> dict[str, Any]:
+        """A sync's figures once its install has run: `install_s`, `sync_s` (gather + install),
+        `files_written` (files opened for writing during the install: none expected)."""
         import ray
 
+        pending = sync.pop("install", None)
+        if pending is not None:
+            out = ray.get(pending)
+            sync |= {"install_s": out["install_s"], "sync_s": sync["gather_s"] + out["install_s"],
+                     "files_written": out["files_written"], "adapter_sync_bytes": out["bytes"]}
+        return sync
+
+    def retire(self, name: str) -> None:
+        """Unload `name` unless it is current or rollouts in flight still sample with it (queued behind
+        the engine's running batches; the trainer does not wait for it)."""
         if name != self.current and not self.in_use.get(name):
             self.in_use.pop(name, None)
-            ray.get(self.actor.unload.remote(name))
+            self.actor.unload.remote(name)
 
     def submit(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, seed: int,
                adapter: str | None = "current") -> tuple[Any, str | None]:

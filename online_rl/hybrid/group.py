@@ -154,6 +154,11 @@ class HybridGroup:
 
         return dict(ray.get(self.workers[0].plan_summary.remote()))
 
+    def avoid_cores(self, cores: set[int]) -> list[list[int]]:
+        """Bind every device's threads to the cores outside `cores` (the vLLM engine's); the cores each
+        device kept."""
+        return self._all("avoid_cores", cores)
+
     def adapter_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The adapter's full tensors (PEFT's names) and its LoRA config, gathered from the FSDP shards."""
         state = self._all("adapter_state")[0]

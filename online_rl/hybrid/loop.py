@@ -302,10 +302,9 @@ class ColocatedPPO:
 
         def submit(version: int) -> Batch:
             if self.synced != self.updates:  # the newest adapter for everything sampled from now on
-                self.last_sync = engine.sync()
+                self.last_sync = engine.sync(wait=False)  # queued behind the batches sampling now
                 self.synced = self.updates
                 metrics["adapter_sync_bytes"] = float(self.last_sync["adapter_sync_bytes"])
-                metrics["sync_s"] = metrics.get("sync_s", 0.0) + self.last_sync["sync_s"]
             prompts = [list(p) for p in self.random.choices(list(self.prompts), k=config.rollout_batch)]
             seed, self.submitted = self.submitted * 7919, self.submitted + 1
             handle, name = engine.submit([p for p in prompts for _ in range(n)], config.max_new_tokens,
@@ -320,6 +319,9 @@ class ColocatedPPO:
 
         waited = time.perf_counter()
         batch, staleness, dropped = self.pipeline.next(self.updates, submit, collect)
+        if "install" in self.last_sync:  # the install queued this iteration: its figures
+            self.last_sync = engine.finish(self.last_sync)
+            metrics["sync_s"] = self.last_sync["sync_s"]
         out = batch.result
         prompts = batch.payload
         completions = out["completions"]

@@ -102,28 +102,49 @@ class VllmRollouts:
         from online_rl.models.check import cpu_only, vllm_cpu_kwargs
 
         extra: dict[str, Any] = {}
-        if cpu_only():
-            cores = os.cpu_count() or 1
-            threads = max(1, min(threads, cores))
-            # the engine's OpenMP threads on the last `threads` cores: the trainer's stay on the others
-            os.environ["OMP_NUM_THREADS"] = str(threads)
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{cores - threads}-{cores - 1}"
-            extra = vllm_cpu_kwargs() | {"kv_cache_memory_bytes": 256 << 20}
-        from vllm import LLM
+        self.cores: list[int] = []
+        from online_rl.hardware import pin_process
 
+        usable: list[int] = []
+        if cpu_only():
+            usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+            threads = max(1, min(threads, len(usable) or 1))
+            # the engine's threads on the last `threads` cores; the training devices keep to the others
+            # (VllmGeneration pins them): otherwise the OS may put both on one core, as measured here
+            self.cores = sorted(pin_process(set(usable[-threads:])))
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+            if self.cores:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.cores))
+            extra = vllm_cpu_kwargs() | {"kv_cache_memory_bytes": 256 << 20}
+        else:  # a GPU the training devices may share: vLLM takes 90 % of it by default
+            extra = {"gpu_memory_utilization": 0.4}
+        import dataclasses
+
+        from vllm import LLM, EngineArgs
+
+        unknown = sorted(set(extra_args or {}) - {f.name for f in dataclasses.fields(EngineArgs)})
+        if unknown:
+            from online_rl.errors import ConfigError
+
+            raise ConfigError(f"hybrid.engine_args has {', '.join(unknown)}, which vLLM's engine arguments "
+                              "do not have; use EngineArgs names (e.g. gpu_memory_utilization)")
         sys.addaudithook(_audit)
         start = time.perf_counter()
         self.llm = LLM(model=str(model_dir), enable_lora=True, max_loras=max_adapters,
                        max_cpu_loras=max_adapters, max_lora_rank=allowed_rank(max_lora_rank),
                        max_model_len=max_model_len, max_num_seqs=max_batch, seed=seed,
                        logprobs_mode="processed_logprobs", **(extra | dict(extra_args or {})))
+        if self.cores:  # vLLM's CPU worker rebinds the process while it starts (seen: to core 0): bind again
+            self.cores = sorted(pin_process(set(self.cores), within=set(usable)))
         self.start_s = time.perf_counter() - start
         self.max_adapters = max_adapters
         self.ids: dict[str, int] = {}
         self.next_id = 1
 
-    def ready(self) -> dict[str, float]:
-        return {"start_s": self.start_s}
+    def ready(self) -> dict[str, Any]:
+        """The engine started: its start-up seconds and the CPU cores it is bound to (empty: unbound)."""
+        bound = sorted(os.sched_getaffinity(0)) if self.cores else []
+        return {"start_s": self.start_s, "cores": bound}
 
     def install(self, name: str, tensors: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         """Make `name` the adapter of these tensors (refused when the name exists or no slot is free)."""

@@ -293,6 +293,17 @@ class HybridWorker:
                         "ppo_approx_kl": loss.approx_kl.item(), "grad_norm": norm}
         return metrics | {"step_s": time.perf_counter() - start}
 
+    def avoid_cores(self, cores: set[int]) -> list[int]:
+        """Bind this device's threads to the CPU cores outside `cores` (where the vLLM engine runs);
+        unchanged when no core would remain. The cores kept."""
+        import os
+
+        from online_rl.hardware import pin_process
+
+        if not hasattr(os, "sched_getaffinity"):
+            return []
+        return sorted(pin_process(os.sched_getaffinity(0) - cores))
+
     def adapter_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
         """The adapter's full tensors under PEFT's saved names and its LoRA config as a dict, for an
         engine that installs adapters from memory (a collective: every device calls it; rank 0 answers,

@@ -107,3 +107,23 @@ def test_resharded_shards_and_generation_match_the_full_model(
         group.to_training()
     finally:
         group.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bench/gpu_check.sh)")
+def test_nccl_reshard_on_one_gpu_generates_as_the_full_model(tiny_model: Path, ray_runtime: None,
+                                                             tmp_path: Path) -> None:
+    """The GPU path at tp = 1: the hybrid worker trains on CUDA, its process group is NCCL, the
+    transition and the TP engine run on the GPU, and greedy decoding equals PEFT's on the CPU."""
+    spec = HybridSpec(ModelSpec(str(tiny_model), LORA, seed=0, precision="fp32"), learning_rate=5e-2,
+                      epochs=1)
+    group = HybridGroup(spec, dp=1, fsdp=1, tp=1, cpus_per_worker=1, gpus_per_worker=1)
+    try:
+        _train_once(group, random.Random(0))
+        first = group.to_generation(keep_base=True)
+        assert first[0]["base"] is not None
+        ours = [c["token_ids"] for c in group.generate(PROMPTS, 12, temperature=0.0)]
+        group.save_adapter(str(tmp_path / "adapter"))
+        assert ours == _reference_generation(tiny_model, tmp_path / "adapter", 12)
+        group.to_training()
+    finally:
+        group.close()

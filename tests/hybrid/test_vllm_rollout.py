@@ -18,6 +18,16 @@ pytestmark = pytest.mark.slow
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+def _devices() -> dict[str, float]:
+    """Where the engine and the training device run: half a core each here; on a machine with a GPU
+    (bench/gpu_check.sh) both share it, vLLM on CUDA and the hybrid worker on NCCL."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {"engine_cpus": 1, "cpus_per_worker": 1, "engine_gpus": 0.5, "gpus_per_worker": 0.5}
+    return {"engine_cpus": 0.5, "cpus_per_worker": 0.5}
+
+
 def _base_generation(model_dir: Path, max_new_tokens: int) -> list[list[int]]:
     import torch
     from transformers import AutoModelForCausalLM
@@ -41,9 +51,9 @@ def test_rollout_flow_on_vllm_syncs_adapters_from_memory(tiny_model: Path, ray_r
         cache_dir=tmp_path / "cache",
         model={"path": tiny_model},  # type: ignore[arg-type]
         trainer={"lora_rank": 4, "lora_alpha": 8, "lora_targets": TARGETS},  # type: ignore[arg-type]
-        hybrid={"engine": "vllm", "engine_cpus": 0.5, "cpus_per_worker": 0.5,  # type: ignore[arg-type]
-                "rollout_batch": 2, "max_new_tokens": 8, "min_pairs": 0, "learning_rate": 5e-2,
-                "precision": "fp32", "critic_free": {"estimator": "grpo", "group_size": 4}},
+        hybrid=_devices() | {  # type: ignore[arg-type]
+            "engine": "vllm", "rollout_batch": 2, "max_new_tokens": 8, "min_pairs": 0, "learning_rate": 5e-2,
+            "precision": "fp32", "critic_free": {"estimator": "grpo", "group_size": 4}},
         rewards={"functions": [{"name": "characters", "target": "tests.hybrid.reward_fns:characters"}],  # type: ignore[arg-type]
                  "weights": {}},
     )
@@ -93,9 +103,9 @@ def _flow(tiny_model: Path, tmp_path: Path, name: str, **hybrid: object) -> Sett
         cache_dir=tmp_path / name,
         model={"path": tiny_model},  # type: ignore[arg-type]
         trainer={"lora_rank": 4, "lora_alpha": 8, "lora_targets": TARGETS},  # type: ignore[arg-type]
-        hybrid={"engine": "vllm", "engine_cpus": 0.5, "cpus_per_worker": 0.5,  # type: ignore[arg-type]
-                "rollout_batch": 4, "max_new_tokens": 8, "min_pairs": 0, "learning_rate": 5e-2,
-                "precision": "fp32", "critic_free": {"estimator": "grpo", "group_size": 4}} | hybrid,
+        hybrid=_devices() | {  # type: ignore[arg-type]
+            "engine": "vllm", "rollout_batch": 4, "max_new_tokens": 8, "min_pairs": 0, "learning_rate": 5e-2,
+            "precision": "fp32", "critic_free": {"estimator": "grpo", "group_size": 4}} | hybrid,
         rewards={"functions": [{"name": "repetitive",  # type: ignore[arg-type]
                                 "target": "tests.hybrid.reward_fns:repetitive"}], "weights": {}},
     )
