@@ -1,7 +1,8 @@
 """Synchronous against asynchronous rollouts on vLLM with in-memory LoRA sync, on the same prompts and seeds.
 
     deploy/local/env.sh .venv/bin/python bench/async_rollout.py [--rounds 3] [--steps 4] [--prompts 4]
-        [--group 4] [--max-new-tokens 48] [--staleness 1] [--timeline FILE] [--smoke]
+        [--group 4] [--max-new-tokens 48] [--staleness 1] [--learning-rate 0] [--timeline FILE]
+        [--learn STEPS [--learn-rate 1e-3] [--learn-staleness 2] [--only-learn]] [--smoke]
 
 Two rollout flows (`online_rl.hybrid.loop.ColocatedPPO`, `hybrid.engine: vllm`, GRPO with the reward
 function of bench/grpo.py, the default LoRA of `trainer.*` on the embedded model) run side by side in
@@ -27,6 +28,11 @@ batches per staleness), and the mean training reward of each side (`reward_sync`
 same prompts and seeds, the async side one version behind). `--timeline FILE` writes the async side's
 per-batch timestamps (sampled from/to, updated from/to) as JSON for the picture in
 docs/rollout-flow.md. The last line is one JSON object with those figures and the machine.
+
+`--learn STEPS` first compares learning on the same budget: STEPS iterations at `--learn-rate` of the
+synchronous flow, of the asynchronous one at `--learn-staleness`, and of an lr = 0 control, one after
+the other with the same prompts and seeds, each final policy's reward function mean on 12 held-out
+prompts (`learn`, `learn_gap` = async − sync); `--only-learn` stops there.
 """
 
 from __future__ import annotations
