@@ -82,9 +82,10 @@ class VllmGeneration:
             options["num_gpus"] = config.engine_gpus
         remote: Any = ray.remote(VllmRollouts)
         ahead = max(config.max_staleness, config.rollout_ahead or 0)
+        # versions in flight (ahead + 1), the current one, and one an evaluation may install meanwhile
         self.actor: Any = remote.options(**options).remote(
             str(settings.model_dir), max_lora_rank=lora.lora_rank,
-            max_adapters=ahead + 2, max_model_len=config.engine_max_model_len,
+            max_adapters=ahead + 3, max_model_len=config.engine_max_model_len,
             max_batch=max(8, config.rollout_batch * (config.critic_free.group_size
                                                       if config.critic_free is not None else 1)),
             threads=max(1, int(config.engine_cpus)), seed=lora.seed, extra_args=config.engine_args)

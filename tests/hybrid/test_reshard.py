@@ -43,12 +43,14 @@ def _check_shards(group: HybridGroup, full: dict[str, torch.Tensor], model_confi
             assert torch.equal(tensor, expected), name
 
 
-def _reference_generation(model_dir: Path, adapter: Path, max_new_tokens: int) -> list[list[int]]:
+def _reference_generation(model_dir: Path, adapter: Path | None, max_new_tokens: int) -> list[list[int]]:
+    """Greedy tokens of transformers (with PEFT and `adapter`, or the base alone) for PROMPTS."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                                      adapter)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
     eos = model.config.eos_token_id
     out = []
     for prompt in PROMPTS:

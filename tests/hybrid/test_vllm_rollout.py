@@ -28,20 +28,6 @@ def _devices() -> dict[str, float]:
     return {"engine_cpus": 0.5, "cpus_per_worker": 0.5}
 
 
-def _base_generation(model_dir: Path, max_new_tokens: int) -> list[list[int]]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    eos = model.config.eos_token_id
-    out = []
-    for prompt in PROMPTS:
-        ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=eos)[0, len(prompt):].tolist()
-        out.append(ids[: ids.index(eos) + 1] if eos in ids else ids)
-    return out
-
-
 def test_rollout_flow_on_vllm_syncs_adapters_from_memory(tiny_model: Path, ray_runtime: None,
                                                           tmp_path: Path) -> None:
     from online_rl.hybrid.generation import VllmGeneration
@@ -86,7 +72,7 @@ def test_rollout_flow_on_vllm_syncs_adapters_from_memory(tiny_model: Path, ray_r
         ppo.save_adapter(str(tmp_path / "adapter"))
         assert ours == _reference_generation(tiny_model, tmp_path / "adapter", 12)
         base = [c["token_ids"] for c in engine.generate(PROMPTS, 12, 0.0, seed=0, adapter=None)]
-        assert base == _base_generation(tiny_model, 12)
+        assert base == _reference_generation(tiny_model, None, 12)
         assert base != ours  # the adapter changed the answers: the comparison above is not vacuous
 
         with pytest.raises(Exception, match="already installed"):  # names are immutable
