@@ -2,7 +2,8 @@
 
     deploy/local/env.sh .venv/bin/python bench/async_rollout.py [--rounds 3] [--steps 4] [--prompts 4]
         [--group 4] [--max-new-tokens 48] [--staleness 1] [--learning-rate 0] [--timeline FILE]
-        [--learn STEPS [--learn-rate 1e-3] [--learn-staleness 2] [--only-learn]] [--smoke]
+        [--learn STEPS [--learn-rate 1e-3] [--learn-staleness 2] [--learn-sides sync,async,control]
+         [--only-learn]] [--smoke]
 
 Two rollout flows (`online_rl.hybrid.loop.ColocatedPPO`, `hybrid.engine: vllm`, GRPO with the reward
 function of bench/grpo.py, the default LoRA of `trainer.*` on the embedded model) run side by side in
@@ -32,7 +33,8 @@ docs/rollout-flow.md. The last line is one JSON object with those figures and th
 `--learn STEPS` first compares learning on the same budget: STEPS iterations at `--learn-rate` of the
 synchronous flow, of the asynchronous one at `--learn-staleness`, and of an lr = 0 control, one after
 the other with the same prompts and seeds, each final policy's reward function mean on 12 held-out
-prompts (`learn`, `learn_gap` = async − sync); `--only-learn` stops there.
+prompts (`learn`, `learn_gap` = async − sync); `--only-learn` stops there, as does a `--learn-sides`
+without both sync and async.
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def _learn(args: argparse.Namespace, work: Path, prompts: list[list[int]], train
     fn = f"fn_{FUNCTION['name']}"
     rate = args.learn_rate
     runs = (("sync", 0, rate), ("async", args.learn_staleness, rate), ("control", 0, 0.0))
-    for name, staleness, lr in runs:
+    for name, staleness, lr in [run for run in runs if run[0] in args.learn_sides.split(",")]:
         learn = argparse.Namespace(**{**vars(args), "learning_rate": lr})
         started = time.perf_counter()
         loop = ColocatedPPO(_settings(learn, work, staleness))
@@ -135,6 +137,7 @@ def _learn(args: argparse.Namespace, work: Path, prompts: list[list[int]], train
         out[name] = {"held_out_reward": round(evaluation[fn], 4),
                      "base_reward": round(evaluation["base_" + fn], 4),
                      "train_reward_last4": round(statistics.fmean(curve[-4:]), 4),
+                     "train_rewards": [round(r, 3) for r in curve],
                      "seconds": round(time.perf_counter() - started, 1)}
         print(f"learn {name}: held-out reward {out[name]['held_out_reward']:.3f} "
               f"(base {out[name]['base_reward']:.3f}) in {out[name]['seconds']:.0f}s", flush=True)
@@ -158,6 +161,8 @@ def main() -> None:
     parser.add_argument("--learn-rate", type=float, default=1e-3)
     parser.add_argument("--learn-staleness", type=int, default=2)
     parser.add_argument("--only-learn", action="store_true", help="skip the throughput rounds")
+    parser.add_argument("--learn-sides", default="sync,async,control",
+                        help="which of the learning runs to make (comma-separated)")
     parser.add_argument("--smoke", action="store_true", help="1 round of 1 step, 2 prompts, 8 tokens")
     args = parser.parse_args()
     if args.smoke:
@@ -185,7 +190,7 @@ def main() -> None:
                                                        add_generation_prompt=True, tokenize=True,
                                                        return_dict=True)["input_ids"]) for q in held_texts]
             learned = _learn(args, work, prompts, train, held, held_texts)
-            if args.only_learn:
+            if args.only_learn or not {"sync", "async"} <= set(learned):
                 print(json.dumps({"learn": learned, "learn_steps": args.learn}), flush=True)
                 return
         loops: dict[str, ColocatedPPO] = {}

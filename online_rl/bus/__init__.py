@@ -21,6 +21,7 @@ from online_rl.bus.errors import (
     BusUnavailable,
     CommitFailed,
     DeliveryError,
+    ProducerBroken,
     ProducerFenced,
     UnknownTopic,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "DeadLetters",
     "DeliveryError",
     "Producer",
+    "ProducerBroken",
     "ProducerFenced",
     "Record",
     "RecordMetadata",

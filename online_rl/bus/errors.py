@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from online_rl.errors import OnlineRLError
 
-__all__ = ["BusError", "BusUnavailable", "CommitFailed", "DeliveryError", "ProducerFenced", "UnknownTopic"]
+__all__ = ["BusError", "BusUnavailable", "CommitFailed", "DeliveryError", "ProducerBroken", "ProducerFenced",
+           "UnknownTopic"]
 
 
 class BusError(OnlineRLError):
@@ -26,6 +27,12 @@ class CommitFailed(BusError):
 
 class ProducerFenced(BusError):
     """A newer producer with the same transactional id exists; this one must stop."""
+
+
+class ProducerBroken(BusError):
+    """The transactional producer hit a fatal error that is not a fence (e.g. a sequence error after a
+    broker lost its tail): this instance can do nothing more, and a new one with the same
+    transactional id (which aborts whatever the old one left open) is the client's documented remedy."""
 
 
 class UnknownTopic(BusError):

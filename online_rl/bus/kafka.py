@@ -35,6 +35,7 @@ from online_rl.bus.errors import (
     BusUnavailable,
     CommitFailed,
     DeliveryError,
+    ProducerBroken,
     ProducerFenced,
     UnknownTopic,
 )
@@ -47,6 +48,11 @@ logger = logging.getLogger(__name__)
 def _tp(tp: TopicPartition, offset: int = ck.OFFSET_INVALID) -> ck.TopicPartition:
     return ck.TopicPartition(tp.topic, tp.partition, offset)
 
+
+# a newer instance with the same transactional id exists, or the cluster forbids the id: replacing the
+# producer would only fence that instance in turn (or fail the same way), so these end the process
+_FENCED_CODES = (ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED, ck.KafkaError.INVALID_PRODUCER_EPOCH,
+                 ck.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
 
 class _LastError:
     """librdkafka's error callback: keeps the last client-level error, so that a timeout can say why
@@ -236,7 +242,9 @@ class _KafkaProducer(Producer):
             error = exc.args[0]
             self._take()
             if error.fatal():
-                raise ProducerFenced(f"transactional producer is fenced or broken: {error.str()}") from exc
+                if error.code() in _FENCED_CODES:
+                    raise ProducerFenced(f"transactional producer is fenced: {error.str()}") from exc
+                raise ProducerBroken(f"transactional producer hit a fatal error: {error.str()}") from exc
             if error.txn_requires_abort():
                 self._p.abort_transaction(timeout)
                 raise CommitFailed(f"transaction aborted: {error.str()}") from exc

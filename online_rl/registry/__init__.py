@@ -29,6 +29,7 @@ from online_rl.registry.publish import (
     alias_version,
     check_version_source,
     download_version,
+    find_published,
     publish_adapter,
     serving_name,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "config_hash",
     "download_version",
     "file_sha256",
+    "find_published",
     "folder_files",
     "grant_access",
     "load_signing_key",

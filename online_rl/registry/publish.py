@@ -21,11 +21,14 @@ from online_rl.registry.lineage import folder_files, verify_adapter_dir
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-__all__ = ["PublishedVersion", "adapter_files", "alias_version", "check_version_source", "download_version",
-           "publish_adapter",
-           "serving_name"]
+__all__ = ["PUBLISH_KEY_TAG", "PublishedVersion", "adapter_files", "alias_version", "check_version_source",
+           "download_version", "find_published", "publish_adapter", "serving_name"]
 
 logger = logging.getLogger(__name__)
+
+# The version tag that makes a publish idempotent: a driver that crashed after registering finds the
+# version its write-ahead checkpoint named by this key instead of registering a second one.
+PUBLISH_KEY_TAG = "publish_key"
 
 
 def serving_name(registered_model: str, version: str | int) -> str:
@@ -50,9 +53,13 @@ class PublishedVersion:
 
 
 def publish_adapter(client: MlflowClient, run_id: str, folder: Path, registered_model: str,
-                    artifact_path: str, alias: str | None = "challenger") -> PublishedVersion:
-    """Log the sealed adapter in `folder` under `run_id`, register it and point `alias` at it."""
+                    artifact_path: str, alias: str | None = "challenger",
+                    publish_key: str | None = None) -> PublishedVersion:
+    """Log the sealed adapter in `folder` under `run_id`, register it and point `alias` at it. With
+    `publish_key`, the version is tagged with it (`find_published` finds it again after a crash)."""
     from mlflow.exceptions import MlflowException
+
+    from online_rl.faults import failpoint
 
     manifest = verify_adapter_dir(folder)  # never register what serving would refuse
     client.log_artifacts(run_id, str(folder), artifact_path)
@@ -78,13 +85,36 @@ def publish_adapter(client: MlflowClient, run_id: str, folder: Path, registered_
         "signature": manifest.signature or "",
         **{f"eval.{name}": f"{value:.6g}" for name, value in manifest.eval.items()},
     }
+    if publish_key is not None:
+        tags[PUBLISH_KEY_TAG] = publish_key
     created = client.create_model_version(registered_model, source=source, run_id=run_id, tags=tags)
     version = str(created.version)
+    failpoint("registry.after_register")
     if alias:
         client.set_registered_model_alias(registered_model, alias, version)
     logger.info("published %s (%s) as %s%s", serving_name(registered_model, version),
                 manifest.adapter_sha256[:12], source, f", alias {alias}" if alias else "")
     return PublishedVersion(registered_model, version, alias, source)
+
+
+def find_published(client: MlflowClient, registered_model: str, publish_key: str) -> PublishedVersion | None:
+    """The version registered under `publish_key` (see `publish_adapter`), or None when there is none:
+    a publish that died before `create_model_version` left, at most, unregistered run artifacts."""
+    from mlflow.exceptions import MlflowException
+
+    if not publish_key.isalnum():  # it goes into a filter string
+        raise ValueError(f"publish key {publish_key!r} should be letters and digits")
+    try:
+        found = client.search_model_versions(
+            f"name='{registered_model}' and tags.{PUBLISH_KEY_TAG}='{publish_key}'")
+    except MlflowException as error:
+        if error.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    if not found:
+        return None
+    version = min(found, key=lambda v: int(v.version))  # one key registers one version
+    return PublishedVersion(registered_model, str(version.version), None, str(version.source))
 
 
 def alias_version(client: MlflowClient, registered_model: str, alias: str) -> str | None:

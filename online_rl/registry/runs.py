@@ -22,7 +22,9 @@ import hashlib
 import json
 import logging
 import tempfile
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,9 @@ Component = Literal["trainer", "hybrid"]
 BASE_BEHAVIOUR = "base"  # how lineage names the base model as a behaviour version
 # MLflow's limits (mlflow.utils.validation): longer values are refused, not cut
 _PARAM_KEY, _PARAM_VALUE, _PARAMS_PER_BATCH, _METRICS_PER_BATCH = 250, 6000, 100, 1000
+# metric rows kept while MLflow is unreachable (about a day of steps); the oldest go first past it
+OUTBOX_ROWS = 200_000
+_RETRY_FIRST_S, _RETRY_MAX_S, _CLOSE_FLUSH_S = 1.0, 30.0, 15.0
 
 
 # -- the resolved config ---------------------------------------------------------------------------
@@ -153,6 +158,12 @@ class TrainingRun:
     registered_model: str
     signing_key: Ed25519PrivateKey | None = None
     finished: bool = False
+    metrics_dropped: int = 0  # rows the outbox let go during a long outage (oldest first)
+    _outbox: deque[Any] = field(default_factory=deque, repr=False)
+    _outbox_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _outbox_wake: threading.Condition | None = field(default=None, repr=False)
+    _sender: threading.Thread | None = field(default=None, repr=False)
+    _unreachable_since: float | None = field(default=None, repr=False)
 
     @classmethod
     def open(cls, settings: Settings, component: Component,
@@ -191,35 +202,120 @@ class TrainingRun:
             self.client.log_batch(self.run_id, params=rows[start:start + _PARAMS_PER_BATCH])
 
     def log_metrics(self, values: Mapping[str, float], step: int, prefix: str = "") -> None:
-        """One row of metrics at `step`, each named `prefix + name`."""
+        """One row of metrics at `step`, each named `prefix + name`. The rows go to MLflow from a
+        background thread, so a tracking server that is down or slow never holds up (or ends) the
+        training step: they wait in an outbox (up to `OUTBOX_ROWS`, the oldest dropped and counted in
+        `metrics_dropped` past it) and are sent, in order, once it answers. `flush` waits for them."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         rows = [Metric(f"{prefix}{name}", float(value), now, step) for name, value in values.items()]
-        for start in range(0, len(rows), _METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=rows[start:start + _METRICS_PER_BATCH])
+        with self._outbox_lock:
+            self._outbox.extend(rows)
+            overflow = len(self._outbox) - OUTBOX_ROWS
+            for _ in range(max(0, overflow)):
+                self._outbox.popleft()
+            self.metrics_dropped += max(0, overflow)
+            if self._outbox_wake is None:
+                self._outbox_wake = threading.Condition(self._outbox_lock)
+            self._outbox_wake.notify_all()
+            if self._sender is None or not self._sender.is_alive():
+                self._sender = threading.Thread(target=self._send_metrics, daemon=True,
+                                                name=f"mlflow-metrics-{self.run_id[:8]}")
+                self._sender.start()
+
+    @property
+    def metrics_waiting(self) -> int:
+        """Metric rows logged but not yet accepted by MLflow."""
+        with self._outbox_lock:
+            return len(self._outbox)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every metric row logged so far is in MLflow (True), or `timeout` seconds (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._outbox_lock:
+            while self._outbox:
+                if self._outbox_wake is None:
+                    return False
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._outbox_wake.wait(left if left is not None else 1.0)
+        return True
+
+    def _send_metrics(self) -> None:
+        """The outbox's sender: batches of rows in order; on a failure, the rows stay and it retries
+        with a growing pause (MLflow's client has already retried the request itself)."""
+        pause = _RETRY_FIRST_S
+        while True:
+            with self._outbox_lock:
+                assert self._outbox_wake is not None
+                while not self._outbox:
+                    if self.finished:
+                        return
+                    self._outbox_wake.wait(5.0)
+                batch = [self._outbox[i] for i in range(min(len(self._outbox), _METRICS_PER_BATCH))]
+            try:
+                self.client.log_batch(self.run_id, metrics=batch)
+            except Exception as error:  # an outage: keep the rows, say so once, try again later
+                if self._unreachable_since is None:
+                    self._unreachable_since = time.monotonic()
+                    logger.warning("MLflow did not take %d metric rows of run %s (%s); they wait in the "
+                                   "outbox and are retried", len(batch), self.run_id, error,
+                                   extra={"event": "mlflow_unreachable", "run_id": self.run_id})
+                time.sleep(pause)
+                pause = min(_RETRY_MAX_S, pause * 2)
+                continue
+            pause = _RETRY_FIRST_S
+            with self._outbox_lock:
+                for _ in range(min(len(batch), len(self._outbox))):
+                    self._outbox.popleft()
+                assert self._outbox_wake is not None
+                self._outbox_wake.notify_all()
+            if self._unreachable_since is not None:
+                logger.warning("MLflow takes run %s's metrics again after %.0f s", self.run_id,
+                               time.monotonic() - self._unreachable_since,
+                               extra={"event": "mlflow_reachable", "run_id": self.run_id})
+                self._unreachable_since = None
 
     def publish(self, save_adapter: Callable[[Path], None], lineage: VersionLineage, artifact_path: str,
                 alias: str | None = "challenger",
-                then: Callable[[Path], None] | None = None) -> PublishedVersion:
+                then: Callable[[Path], None] | None = None,
+                publish_key: str | None = None) -> PublishedVersion:
         """Seal and register a version: `save_adapter(folder)` writes the PEFT adapter into a fresh
         folder, the complete lineage manifest is written (and signed) beside it, then `publish_adapter`
-        logs it under `artifact_path`, registers it and points `alias` at it. `then(folder)` runs on the
-        sealed folder before it is removed."""
+        logs it under `artifact_path`, registers it (tagged with `publish_key` when given) and points
+        `alias` at it. `then(folder)` runs on the sealed folder before it is removed."""
         with tempfile.TemporaryDirectory(prefix=f"orl-{self.component}-") as tmp:
             folder = Path(tmp) / "adapter"
             save_adapter(folder)
             write_lineage(folder, self.base_model, self.signing_key, base_model_sha256=self.base_sha256,
                           config_hash=self.config_hash, **lineage.manifest_fields())
             published = publish_adapter(self.client, self.run_id, folder, self.registered_model,
-                                        artifact_path=artifact_path, alias=alias)
+                                        artifact_path=artifact_path, alias=alias, publish_key=publish_key)
             if then is not None:
                 then(folder)
         return published
 
     def close(self, failed: bool = False) -> None:
-        """End the run (FAILED or FINISHED); closing twice does nothing."""
+        """Send the waiting metric rows (for up to 15 s), then end the run (FAILED or FINISHED); closing
+        twice does nothing. With MLflow unreachable, the rows that did not go are counted in the log and
+        the run is left RUNNING (nothing here may hold up a shutdown)."""
         if self.finished:
             return
+        sent = self.flush(_CLOSE_FLUSH_S)
         self.finished = True
+        if self._outbox_wake is not None:
+            with self._outbox_lock:
+                self._outbox_wake.notify_all()
+        if not sent:
+            logger.error("MLflow is unreachable: %d metric rows of run %s were not logged, and the run stays "
+                         "RUNNING", self.metrics_waiting, self.run_id,
+                         extra={"event": "metrics_lost", "run_id": self.run_id, "rows": self.metrics_waiting})
+            return
+        if self.metrics_dropped:
+            logger.error("run %s: %d metric rows were dropped during an MLflow outage (the outbox keeps %d)",
+                         self.run_id, self.metrics_dropped, OUTBOX_ROWS,
+                         extra={"event": "metrics_dropped", "run_id": self.run_id,
+                                "rows": self.metrics_dropped})
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")

@@ -9,14 +9,22 @@ version can be unloaded only when no alias points at it, after its last lease is
 
 A name is never reused for other weights: loading a known name with a different sha256 fails.
 This module knows nothing about HTTP or the bus.
+
+Disk: each version's files are copied or downloaded into a folder of their own under the download
+folder, kept while the version is loaded (an engine may read them again, e.g. vLLM after evicting it
+from its LoRA cache) and deleted when it is unloaded, or at once when its load fails. Each folder has
+an owner file (`<folder>.owner`: host and process id), so a replica that starts deletes what a dead
+process on the same host left (a SIGKILL runs no clean-up), never another live replica's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -57,6 +65,7 @@ class AdapterInfo:
     loaded_at: float = field(default_factory=time.time)
     in_flight: int = 0
     draining: bool = False
+    folder: Path | None = None  # this process's copy of its files (deleted when it is unloaded)
 
 
 class AdapterManager:
@@ -77,6 +86,7 @@ class AdapterManager:
         self._known: dict[str, str] = {}  # every name seen by this process -> its sha256
         self._base_in_flight = 0
         self._lock = asyncio.Lock()
+        self.swept = sweep_orphans(self._download_dir)  # what dead processes on this host left
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -126,29 +136,40 @@ class AdapterManager:
             self._check_alias(alias)
         async with self._lock:
             folder, version = await asyncio.to_thread(self._fetch, src, name)
-            if version == self.base_model or version in self._aliases or version == alias:
-                raise VersionConflict(f"{version!r} is already the base model's or an alias's name; "
-                                      "choose another version name")
-            manifest = await asyncio.to_thread(verify_adapter_dir, folder, self.base_model,
-                                               self.trusted_signers)
-            known = self._known.get(version)
-            if known is not None and known != manifest.adapter_sha256:
-                raise VersionConflict(
-                    f"the name {version!r} already named other weights (sha256 {known[:12]}…); version "
-                    "names are immutable: register the new weights as a new version"
-                )
-            info = self._versions.get(version)
-            if info is not None and info.draining:
-                raise VersionConflict(f"{version} is being unloaded; load it again once that finished")
-            if info is None:
-                await self._engine.load_adapter(version, folder)
-                info = AdapterInfo(version, manifest.adapter_sha256, src.uri, manifest)
-                self._versions[version] = info
-                self._known[version] = info.sha256
-                logger.info("loaded adapter %s (sha256 %s) from %s", version, info.sha256[:12], src.uri)
-            if alias is not None:
-                self._point(alias, version)
-            return info
+            try:
+                return await self._load_fetched(src, folder, version, alias)
+            finally:  # a copy nothing serves from (the load failed, or the version was loaded already)
+                info = self._versions.get(version)
+                if info is None or info.folder is None or not folder.is_relative_to(info.folder):
+                    _remove_copy(folder, self._download_dir)
+
+    async def _load_fetched(self, src: AdapterSource, folder: Path, version: str,
+                            alias: str | None) -> AdapterInfo:
+        """`load` once the files are here (under the lock)."""
+        if version == self.base_model or version in self._aliases or version == alias:
+            raise VersionConflict(f"{version!r} is already the base model's or an alias's name; "
+                                  "choose another version name")
+        manifest = await asyncio.to_thread(verify_adapter_dir, folder, self.base_model,
+                                           self.trusted_signers)
+        known = self._known.get(version)
+        if known is not None and known != manifest.adapter_sha256:
+            raise VersionConflict(
+                f"the name {version!r} already named other weights (sha256 {known[:12]}…); version "
+                "names are immutable: register the new weights as a new version"
+            )
+        info = self._versions.get(version)
+        if info is not None and info.draining:
+            raise VersionConflict(f"{version} is being unloaded; load it again once that finished")
+        if info is None:
+            await self._engine.load_adapter(version, folder)
+            info = AdapterInfo(version, manifest.adapter_sha256, src.uri, manifest,
+                               folder=_copy_root(folder, self._download_dir))
+            self._versions[version] = info
+            self._known[version] = info.sha256
+            logger.info("loaded adapter %s (sha256 %s) from %s", version, info.sha256[:12], src.uri)
+        if alias is not None:
+            self._point(alias, version)
+        return info
 
     async def set_alias(self, alias: str, name: str) -> None:
         async with self._lock:
@@ -194,6 +215,8 @@ class AdapterManager:
                 await self._engine.unload_adapter(name)
                 del self._versions[name]
                 unloaded = True
+            if info.folder is not None:
+                _remove_copy(info.folder, self._download_dir)
             logger.info("unloaded adapter %s", name)
         finally:
             if not unloaded:
@@ -229,15 +252,21 @@ class AdapterManager:
 
     def _private_copy(self, folder: Path, name: str) -> Path:
         dest = self._unique(self._download_dir / "local" / name)
-        shutil.copytree(folder, dest, symlinks=False)
+        try:
+            shutil.copytree(folder, dest, symlinks=False)
+        except BaseException:
+            _remove_copy(dest, self._download_dir)
+            raise
         return dest
 
     @staticmethod
     def _unique(parent: Path) -> Path:
-        """A fresh folder path under `parent`: replicas sharing a cache folder (several on one
-        machine) never download into, or delete, each other's copies."""
+        """A fresh folder path under `parent`, with its owner file: replicas sharing a cache folder
+        (several on one machine) never download into, or delete, each other's copies."""
         parent.mkdir(parents=True, exist_ok=True)
-        return parent / uuid.uuid4().hex[:12]
+        folder = parent / uuid.uuid4().hex[:12]
+        folder.with_name(folder.name + OWNER_SUFFIX).write_text(_owner())
+        return folder
 
     def _alias_version(self, registered: str, alias: str) -> str:
         from mlflow import MlflowClient
@@ -257,8 +286,12 @@ class AdapterManager:
         dest.mkdir()
         uri = f"models:/{registered}/{version}"
         try:
-            store = self._tracking_uri or mlflow.get_tracking_uri()
-            return download_version(store, registered, version, dest, self.artifact_roots)
+            try:
+                store = self._tracking_uri or mlflow.get_tracking_uri()
+                return download_version(store, registered, version, dest, self.artifact_roots)
+            except BaseException:
+                _remove_copy(dest, self._download_dir)  # a partial download (a full disk, MLflow away)
+                raise
         except MlflowException as exc:
             if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 raise AdapterRejected(f"MLflow could not provide {uri}: {exc.message}") from exc
@@ -267,6 +300,63 @@ class AdapterManager:
             raise AdapterRejected(str(exc)) from exc
         except OSError as exc:  # the artifact store away (a network share, an object store)
             raise AdapterUnavailable(f"could not fetch {uri} ({exc}); retry") from exc
+
+
+OWNER_SUFFIX = ".owner"
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()} {os.getpid()}"
+
+
+def _copy_root(folder: Path, download_dir: Path) -> Path | None:
+    """The per-load folder that holds `folder` (the nearest one with an owner file), if any."""
+    top = download_dir.resolve()
+    here = folder.resolve()
+    while here != top and top in here.parents:
+        if here.with_name(here.name + OWNER_SUFFIX).is_file():
+            return here
+        here = here.parent
+    return None
+
+
+def _remove_copy(folder: Path, download_dir: Path) -> None:
+    """Delete a per-load folder and its owner file (nothing outside `download_dir`)."""
+    root = _copy_root(folder, download_dir)
+    if root is None:
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    root.with_name(root.name + OWNER_SUFFIX).unlink(missing_ok=True)
+
+
+def sweep_orphans(download_dir: Path) -> int:
+    """Delete the per-load folders of processes on this host that are gone; returns how many."""
+    host, removed = socket.gethostname(), 0
+    for owner in download_dir.glob(f"*/*{OWNER_SUFFIX}"):
+        try:
+            owner_host, pid = owner.read_text().split()
+            alive = owner_host != host or _alive(int(pid))
+        except (OSError, ValueError):
+            continue
+        if not alive:
+            shutil.rmtree(owner.with_name(owner.name.removesuffix(OWNER_SUFFIX)), ignore_errors=True)
+            owner.unlink(missing_ok=True)
+            removed += 1
+    if removed:
+        logger.info("removed %d adapter copies left by processes that are gone", removed)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _check_name(name: str) -> None:

@@ -21,11 +21,13 @@ from online_rl.bus import (
     BusUnavailable,
     CommitFailed,
     DeadLetters,
+    ProducerBroken,
     TopicPartition,
     Topics,
     decode_or_dead_letter,
 )
 from online_rl.events import Feedback, Interaction, encode
+from online_rl.faults import failpoint
 from online_rl.stream.join import JoinConfig, JoinState
 
 E = TypeVar("E", Interaction, Feedback)
@@ -62,6 +64,7 @@ class Joiner:
         self._event_time: dict[TopicPartition, float] = {}  # newest event time per input partition
         # The producer first: creating it fences a previous instance, so nothing can commit to the
         # changelog between the restore below and this joiner's first transaction.
+        self._transactional_id = transactional_id
         self._producer = bus.producer(transactional_id=transactional_id)
         self._restore()
         self._dead = DeadLetters(self._producer, "joiner", topics.dlq)
@@ -69,7 +72,9 @@ class Joiner:
         self._consumer.subscribe([topics.interactions, topics.feedback])
         self._input_partitions = sum(bus.partitions(t) for t in (topics.interactions, topics.feedback))
         self.retries = 0  # steps the group or broker refused and `run` retried
+        self.producers_replaced = 0  # producers given up after a fatal error or a commit of unknown outcome
         self._needs_recover = False
+        self._replace_producer = False
 
     def _restore(self) -> None:
         latest: dict[str, bytes | None] = {}
@@ -81,6 +86,8 @@ class Joiner:
 
     def step(self, max_records: int = 1000, timeout: float = 0.5) -> StepResult:
         """Read one batch, join it, and commit outputs and offsets atomically."""
+        if self._replace_producer:  # before the state is rebuilt: the new one aborts what the old left open
+            self._new_producer()
         if self._needs_recover:  # an earlier step's recovery did not finish (the broker was away)
             self._recover()
         records = self._consumer.poll(max_records, timeout)
@@ -109,13 +116,28 @@ class Joiner:
                 self._producer.produce(self.topics.samples, encode(sample), key.encode())
             for request_id, data in self.state.drain_changes().items():  # None: forgotten
                 self._producer.produce(self.topics.join_state, data, request_id.encode())
-            self._producer.commit_transaction(self._consumer.next_offsets(records), self._consumer)
-        except BaseException:
+            if records:  # (the points count steps that read something)
+                failpoint("joiner.mid_transaction")
             try:
-                self._producer.abort_transaction()
-            except Exception:  # the commit may already have aborted it
-                logger.debug("abort after a failed step", exc_info=True)
+                self._producer.commit_transaction(self._consumer.next_offsets(records), self._consumer)
+                if records:
+                    failpoint("joiner.after_commit")
+            except (ProducerBroken, BusUnavailable):
+                # A fatal error, or a commit whose outcome is unknown (the broker went away mid-commit):
+                # this producer's state cannot be trusted. As the client's documentation (and Jepsen's
+                # Kafka analysis) advise, a new instance with the same transactional id replaces it;
+                # its initialisation aborts the transaction if it is still open.
+                self._replace_producer = True
+                raise
+        except BaseException:
+            if not self._replace_producer:
+                try:
+                    self._producer.abort_transaction()
+                except Exception:  # the commit may already have aborted it
+                    logger.debug("abort after a failed step", exc_info=True)
             self._needs_recover = True  # until `_recover` succeeds: no step may run on a half-rebuilt state
+            if self._replace_producer:
+                self._new_producer()
             self._recover()
             raise
         return StepResult(len(records), len(samples))
@@ -183,6 +205,20 @@ class Joiner:
         lagging, owns_all = self._lagging()
         return owns_all and not lagging
 
+    def _new_producer(self) -> None:
+        """Replace the transactional producer with a new instance of the same id (it fences the old
+        one and aborts its open transaction); the dead letters go through the new one."""
+        try:
+            self._producer.close()
+        except Exception:  # a broken producer may fail to flush: it is being given up anyway
+            logger.debug("closing the replaced producer", exc_info=True)
+        self._producer = self.bus.producer(transactional_id=self._transactional_id)
+        self._dead = DeadLetters(self._producer, "joiner", self.topics.dlq)
+        self._replace_producer = False
+        self.producers_replaced += 1
+        logger.warning("joiner: transactional producer replaced (%d so far)", self.producers_replaced,
+                       extra={"event": "producer_replaced", "count": self.producers_replaced})
+
     def _recover(self) -> None:
         """After an aborted step: rebuild the state and rewind the inputs to the committed offsets."""
         self.state = JoinState(self.state.config)
@@ -196,11 +232,13 @@ class Joiner:
         """Step until `stop()` is true. A step whose transaction the group or the broker refused (a
         rebalance moved its partitions, the broker was away) was aborted and rewound by `step` — or, if
         the broker was away for that too, is rewound before the next step; the joiner carries on from the
-        committed offsets. A fenced producer (a newer joiner with the same transactional id) ends the run."""
+        committed offsets. A producer that hit a fatal error, or whose commit's outcome is unknown, is
+        replaced by a new instance first. A fenced producer (a newer joiner with the same transactional
+        id) ends the run."""
         while not stop():
             try:
                 self.step()
-            except (CommitFailed, BusUnavailable) as exc:
+            except (CommitFailed, BusUnavailable, ProducerBroken) as exc:
                 self.retries += 1
                 logger.warning("joiner step refused (%s); rewound to the committed offsets, carrying on",
                                exc, extra={"event": "step_refused", "reason": str(exc)})

@@ -32,6 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from online_rl.bus import TopicPartition
+from online_rl.faults import failpoint
 from online_rl.registry.lineage import file_sha256
 from online_rl.trainer.errors import CheckpointCorrupt
 
@@ -158,6 +159,7 @@ class CheckpointStore:
                 "critic_optimizer": critic_plain,
             }
             (staging / _STATE).write_text(json.dumps(state))
+            failpoint("checkpoint.mid_write")
             manifest = {f: file_sha256(staging / f) for f in (_TENSORS, _STATE)}
             (staging / _MANIFEST).write_text(json.dumps(manifest))
             for file in (_TENSORS, _STATE, _MANIFEST):

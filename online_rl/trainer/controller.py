@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from online_rl.algos.anchor import adapt_anchor_coef
 from online_rl.bus import Bus, CommitFailed, DeadLetters, TopicPartition, open_bus
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
+from online_rl.faults import failpoint
 from online_rl.flow.errors import FlowError
 from online_rl.flow.graph import Flow, Step
 from online_rl.registry import (
@@ -42,6 +44,7 @@ from online_rl.registry import (
     adapter_files,
     alias_version,
     file_sha256,
+    find_published,
     folder_files,
     offset_ranges,
     serving_name,
@@ -105,6 +108,9 @@ class TrainerState:
     eval_entries: list[Any] = field(default_factory=list)  # the held-out set (EvalSet.to_metadata)
     eval_gain_due: bool = False  # an evaluation beat the last published version by enough
     recent: dict[str, list[float]] = field(default_factory=dict)  # metrics since the last publish
+    # a publish under way: its key (the version's `publish_key` tag), the step, samples and offsets it
+    # seals; written to the checkpoint before MLflow hears of it (see Trainer._publish_node)
+    pending_publish: dict[str, Any] | None = None
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -124,6 +130,7 @@ class TrainerState:
             "thumbs": [self.thumbs_up, self.thumbs_down],
             "eval_set": self.eval_entries,
             "recent": self.recent,
+            "pending_publish": self.pending_publish,
         }
 
     @classmethod
@@ -143,6 +150,7 @@ class TrainerState:
             cold_since_publish=meta.get("cold_since_publish", 0), eval_entries=meta.get("eval_set", []),
             kl_coef=meta.get("kl_coef", 0.0), anchor_kl_coef=meta.get("anchor_kl_coef", 0.0),
             thumbs_up=meta.get("thumbs", [0, 0])[0], thumbs_down=meta.get("thumbs", [0, 0])[1],
+            pending_publish=meta.get("pending_publish"),
         )
 
 
@@ -239,6 +247,8 @@ class Trainer:
         state = self._resume()
         self.evalset = EvalSet(self.config.eval_size,
                                state.eval_entries if self.config.eval_holdout > 0 else [])
+        if state.pending_publish is not None and self._settle_pending(state) is None:
+            self._publish_requested.set()  # the crash came before MLflow registered it: publish it now
         self._refresh_anchor()
         if state.parent_version_number is not None and self.config.eval_holdout > 0:
             self._group.set_baseline(adapter_files(run.client, self.settings.mlflow.registered_model,
@@ -391,9 +401,68 @@ class Trainer:
             step.metrics |= self._evaluate(state)
 
     def _publish_node(self, step: Step) -> None:
-        """A new version when one is due (samples, time, a request, an evaluation's gain)."""
-        if self._due(self._live):
-            step.data["published"] = self._publish(self._live)
+        """A new version when one is due (samples, time, a request, an evaluation's gain).
+
+        Exactly one version per publish, whatever kills the trainer when: a write-ahead checkpoint
+        records a fresh key first, the version is registered with that key as a tag, and a restart
+        that finds the key in its checkpoint adopts the version the registry has under it (or
+        publishes, if it has none) instead of training the same offsets into a second version. An
+        MLflow outage fails the publish, not the trainer: it stays due and is tried again next step."""
+        state = self._live
+        if not self._due(state):
+            return
+        try:
+            if state.pending_publish is not None and self._settle_pending(state) is not None:
+                return  # an earlier try's version was registered after all: adopted
+            state.pending_publish = {"key": uuid.uuid4().hex, "step": state.step, "samples": state.samples,
+                                     "offsets": [[tp.topic, tp.partition, o]
+                                                 for tp, o in sorted(state.offsets.items())]}
+            self._checkpoint(state)  # write-ahead: from here on a restart finds the key
+            failpoint("trainer.before_publish")
+            step.data["published"] = self._publish(state, state.pending_publish["key"])
+            failpoint("trainer.after_publish")
+            self._refresh_anchor()
+        except Exception as error:
+            if not _mlflow_outage(error):
+                raise
+            self.metrics.publish_failures.inc()
+            logger.warning("step %d: the publish failed (%s); the trainer carries on and tries again at the "
+                           "next step", state.step, error,
+                           extra={"event": "publish_failed", "step": state.step, "reason": str(error)[:500]})
+
+    def _settle_pending(self, state: TrainerState) -> PublishedVersion | None:
+        """Settle `state.pending_publish`: the version registered under its key, adopted as published
+        (its alias moved if the crash came before), or None when the registry has none."""
+        pending = state.pending_publish
+        assert pending is not None
+        registered = self.settings.mlflow.registered_model
+        client = self.mlflow_run.client
+        found = find_published(client, registered, pending["key"])
+        if found is None:
+            state.pending_publish = None
+            logger.info("the publish under way at step %d never reached the registry; it is published again",
+                        pending["step"], extra={"event": "publish_not_found", "step": pending["step"]})
+            return None
+        current = alias_version(client, registered, "challenger")
+        if current is None or int(current) < int(found.version):
+            client.set_registered_model_alias(registered, "challenger", found.version)
+        published = PublishedVersion(registered, found.version, "challenger", found.source)
+        state.parent_version, state.parent_version_number = published.serving_name, published.version
+        state.published_offsets = {TopicPartition(t, p): o for t, p, o in pending["offsets"]}
+        state.samples_since_publish = state.samples - int(pending["samples"])
+        state.eval_gain_due = False
+        state.last_publish = time.time()
+        state.cold_since_publish = 0
+        state.pending_publish = None
+        self.published.append(published)
+        self.metrics.published_version.set(int(published.version))
+        logger.warning("adopted %s (version %s), registered under the key of the publish at step %d before "
+                       "the trainer stopped", published.serving_name, published.version, pending["step"],
+                       extra={"event": "publish_adopted", "step": pending["step"],
+                              "version": published.version, "serving_name": published.serving_name})
+        if self.config.eval_holdout > 0 and hasattr(self, "evalset"):
+            self.group.set_baseline(adapter_files(client, registered, published.version))
+        return published
 
     def _checkpoint_node(self, step: Step) -> None:
         """Make the step durable: adapter, optimizer, RNG, offsets and state on disk."""
@@ -405,6 +474,7 @@ class Trainer:
     def _commit_node(self, step: Step) -> None:
         """Then commit the batch's offsets (after the checkpoint that holds its update)."""
         if not step.data.get("idle"):
+            failpoint("trainer.before_commit")
             self._commit(step.batch, self._live)
 
     @staticmethod
@@ -503,6 +573,7 @@ class Trainer:
                         "thumbs_awaiting_pair": float(len(self.pairer))}
         if routed.rollouts and not metrics.get("nonfinite"):
             metrics = _merge_steps(metrics, self._ppo(state, routed))
+        failpoint("trainer.mid_step")
         if metrics.get("nonfinite"):
             logger.error("step %d: the loss or the gradient was not finite (loss %s); update skipped, the "
                          "batch dead-lettered", state.step + 1, metrics.get("loss"),
@@ -530,6 +601,7 @@ class Trainer:
         self.metrics.loss.set(metrics["loss"])
         self.metrics.step_seconds.observe(metrics["step_s"])
         self.mlflow_run.log_metrics(metrics, state.step)
+        self.metrics.metrics_waiting.set(self.mlflow_run.metrics_waiting)
         logger.info("step %d: %d samples, loss %.4f, %.0f tokens/s", state.step, routed.trained,
                     metrics["loss"], metrics["tokens_per_s"],
                     extra={"event": "step", "step": state.step, "batch": routed.trained} | metrics)
@@ -583,7 +655,7 @@ class Trainer:
                      extra={"event": "checkpoint", "step": state.step,
                             "offsets": _offsets_field(state.offsets)})
 
-    def _publish(self, state: TrainerState) -> PublishedVersion:
+    def _publish(self, state: TrainerState, key: str | None = None) -> PublishedVersion:
         offsets = offset_ranges(state.offsets, state.published_offsets)
         evaluation = {f"train_{k}": sum(v) / len(v) for k, v in state.recent.items()
                       if k in ("dpo_accuracy", "dpo_margin", "kto_reward", "loss")}
@@ -601,7 +673,9 @@ class Trainer:
             self.group.set_baseline(folder_files(folder))
 
         published = self.mlflow_run.publish(save, lineage, artifact_path=f"adapters/step-{state.step:09d}",
-                                            then=compare_with if self.config.eval_holdout > 0 else None)
+                                            then=compare_with if self.config.eval_holdout > 0 else None,
+                                            publish_key=key)
+        state.pending_publish = None
         state.parent_version, state.parent_version_number = published.serving_name, published.version
         state.eval_gain_due = False
         self._publish_requested.clear()
@@ -615,7 +689,6 @@ class Trainer:
         logger.info("published %s (version %s) at step %d", published.serving_name, published.version,
                     state.step, extra={"event": "published", "step": state.step, "version": published.version,
                                     "serving_name": published.serving_name, "offsets": offsets})
-        self._refresh_anchor()
         return published
 
     def _evaluate(self, state: TrainerState, publishing: bool = False) -> dict[str, float]:
@@ -663,6 +736,19 @@ class Trainer:
         if self.config.cold_start_kl_target is not None:  # adapted: the target and the weight reached
             lineage |= {"kl_target": self.config.cold_start_kl_target, "kl_coef_now": state.anchor_kl_coef}
         return lineage
+
+
+def _mlflow_outage(error: BaseException) -> bool:
+    """Whether `error` says MLflow (its server, its database, its artifact store) did not answer or
+    could not take the write, as opposed to refusing it: an outage is waited out; a refusal (a bad
+    request, a permission) is a bug or a misconfiguration and ends the trainer with its message."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(error, requests.RequestException | OSError):  # OSError: connection, timeout, disk
+        return True
+    return isinstance(error, MlflowException) and error.error_code in (
+        "INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
 
 
 def _merge_steps(step: dict[str, float], ppo: dict[str, float]) -> dict[str, float]:

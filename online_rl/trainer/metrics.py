@@ -23,6 +23,12 @@ class TrainerMetrics:
         self.commits_refused = Counter("orl_trainer_commits_refused",
                                        "Offset commits the group refused (rebalances); training carried on.",
                                        registry=self.registry)
+        self.publish_failures = Counter("orl_trainer_publish_failures",
+                                        "Publishes MLflow did not take (outages); each is retried next step.",
+                                        registry=self.registry)
+        self.metrics_waiting = Gauge("orl_trainer_mlflow_metrics_waiting",
+                                     "Metric rows waiting for MLflow to take them (non-zero in an outage).",
+                                     registry=self.registry)
         self.published_version = Gauge("orl_trainer_last_published_version",
                                        "Registry version number of the last published adapter (0: none).",
                                        registry=self.registry)

@@ -142,6 +142,7 @@ def test_a_published_version_carries_its_complete_signed_lineage(tiny_model: Pat
     assert run.config_hash == config_hash(resolved_config(settings, settings.hybrid, FP32))
 
     run.log_metrics({"reward": 0.5, "kl": 1.25}, step=1, prefix="hybrid_")
+    assert run.flush(30)
     assert [m.value for m in client.get_metric_history(run.run_id, "hybrid_kl")] == [1.25]
 
     samples = [_sample([None, "policy-v1"]), _sample(["policy-v1"], "map-v3")]
@@ -220,3 +221,32 @@ def test_a_bad_signing_key_fails_the_start_before_any_run_exists(tiny_model: Pat
 
     client = mlflow_client(settings)
     assert client.get_experiment_by_name(settings.trainer.experiment) is None  # nothing half-made
+
+
+def test_metrics_wait_out_an_mlflow_outage_in_order_without_holding_up_the_step(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tracking server stops answering (here: nothing listens at its address): logging a step's
+    metrics neither raises nor waits; the rows wait, and reach the run in order once it answers."""
+    import socket
+    import time
+
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    run = TrainingRun.open(_settings(tmp_path, tiny_model), "hybrid", FP32)
+    client = run.client
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    run.client = MlflowClient(tracking_uri=dead, registry_uri=dead)
+    started = time.monotonic()
+    for step in range(1, 6):
+        run.log_metrics({"loss": float(step)}, step=step)
+    assert time.monotonic() - started < 1.0  # the step never waits for MLflow
+    assert not run.flush(3) and run.metrics_waiting == 5
+    run.client = client  # the server answers again
+    assert run.flush(60) and run.metrics_waiting == 0
+    rows = sorted(client.get_metric_history(run.run_id, "loss"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in rows] == [(s, float(s)) for s in range(1, 6)]
+    run.close()
+    assert client.get_run(run.run_id).info.status == "FINISHED"

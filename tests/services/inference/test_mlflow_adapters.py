@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import subprocess
 from pathlib import Path
 
 from online_rl.tracking import ensure_experiment, mlflow_client
@@ -107,3 +110,46 @@ def test_with_trusted_signers_only_versions_the_trainer_signed_are_loaded(
     loaded = server.admin("POST", "/admin/adapters", json={"source": "models:/policy/3"})
     assert loaded.status_code == 201, loaded.text
     assert [a["name"] for a in server.admin("GET", "/admin/adapters").json()["adapters"]] == ["policy-v3"]
+
+
+def test_a_versions_files_leave_the_disk_when_it_is_unloaded_and_a_dead_replicas_are_swept(
+    make_server: ServerFactory, tiny_model: Path, adapters: list[Path]
+) -> None:
+    """Each load keeps one copy on disk while the version is loaded; unloading deletes it, a refused
+    load leaves nothing, and a replica that starts deletes the copies of a dead process on its host."""
+    from online_rl.serving.adapters import OWNER_SUFFIX, AdapterManager
+
+    server = make_server(tiny_model, "tiny-llama")
+    settings = server.app.state.service.settings
+    root = settings.adapters_dir
+
+    def copies(name: str) -> list[Path]:
+        return sorted(p for p in (root / name).glob("*") if p.is_dir())
+
+    for adapter in adapters:
+        register(settings, adapter)
+    assert server.admin("POST", "/admin/adapters", json={"source": "models:/policy/1"}).status_code == 201
+    assert server.admin("POST", "/admin/adapters", json={"source": "models:/policy/2"}).status_code == 201
+    # loading a loaded version again fetches it, finds it loaded, and keeps one copy
+    assert server.admin("POST", "/admin/adapters", json={"source": "models:/policy/1"}).status_code == 201
+    assert len(copies("policy-v1")) == 1 and len(copies("policy-v2")) == 1
+    assert any(f.name == "adapter_model.safetensors" for f in copies("policy-v1")[0].rglob("*"))
+    assert server.admin("DELETE", "/admin/adapters/policy-v1").status_code == 204
+    assert copies("policy-v1") == [] and not list((root / "policy-v1").glob(f"*{OWNER_SUFFIX}"))
+    assert len(copies("policy-v2")) == 1  # still loaded, still on disk
+    # a copy left by a process that is gone (SIGKILLed mid-download), and one of a live process
+    for name, pid in (("gone", _exited_pid()), ("live", os.getpid())):
+        folder = root / "policy-v9" / name
+        (folder / "adapter").mkdir(parents=True)
+        (folder / "adapter" / "adapter_model.safetensors").write_bytes(b"x" * 1024)
+        folder.with_name(name + OWNER_SUFFIX).write_text(f"{socket.gethostname()} {pid}")
+    manager = AdapterManager(server.app.state.service.core.engine, "tiny-llama", root)
+    assert manager.swept == 1
+    assert not (root / "policy-v9" / "gone").exists() and (root / "policy-v9" / "live").is_dir()
+    assert len(copies("policy-v2")) == 1  # this live replica's loaded version is untouched
+
+
+def _exited_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
