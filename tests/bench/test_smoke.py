@@ -92,10 +92,10 @@ def test_hostile_input_neither_crashes_nor_skews_nor_ships_a_forgery(kafka_boots
 def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
         kafka_bootstrap: str, tiny_model: Path) -> None:
     """bench/chaos.py's short schedule (issue 27): a node of a three-node Kafka cluster SIGKILLed twice
-    (once the leader) while users post feedback through the real API; the joiner SIGKILLed 6 times
+    (once the leader) while users post feedback through the real API; the joiner SIGKILLed 4 times
     inside or right after its transaction while users chat and give thumbs; the trainer SIGKILLed
-    mid-step, after a publish's write-ahead checkpoint, between register and alias, and between publish
-    and checkpoint, each in a lifetime of its own, then one that finishes; and a fresh trainer with the
+    after a publish's write-ahead checkpoint, between register and alias, and between publish and
+    checkpoint, each in a lifetime of its own, then one that finishes; and a fresh trainer with the
     MLflow server down for 10 s after its first version. Its figures are guarantees, so they are
     checked."""
     result = _run("chaos", ["--bootstrap", kafka_bootstrap, "--model", str(tiny_model),
@@ -105,13 +105,13 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
     assert result["broker_cycles"] == 2 and result["broker_leader_kills"] >= 1
     assert result["feedback_acked"] > 50 and result["feedback_on_topic"] == result["feedback_acked"], result
     assert result["feedback_client_errors"] == 0, result
-    assert result["joiner_sigkilled"] == result["joiner_kills"] == 6 and result["joiner_requests"] > 100
+    assert result["joiner_sigkilled"] == result["joiner_kills"] == 4 and result["joiner_requests"] > 100
     assert result["samples_duplicated"] == 0 and result["samples_missing"] == 0, result
-    assert [k["point"] for k in result["kills"]] == ["trainer.mid_step", "trainer.before_publish",
-                                                      "registry.after_register", "trainer.after_publish"]
+    assert [k["point"] for k in result["kills"]] == ["trainer.before_publish", "registry.after_register",
+                                                      "trainer.after_publish"]
     assert all(k["sigkill"] for k in result["kills"]), result["kills"]  # each lifetime died at its point
     assert result["samples_trained"] == result["samples_produced"]  # every sample once, none twice
-    assert result["versions"] >= 4 and result["challenger_is_newest"], result
+    assert result["versions"] >= 3 and result["challenger_is_newest"], result
     assert result["versions_with_overlapping_offsets"] == 0 and result["offset_gaps"] == 0, result
     assert result["orphan_versions"] == 0, result
     # MLflow down: the trainer trained on, failed its publishes without stopping, published after
