@@ -478,18 +478,12 @@ CLUSTER = ROOT / "deploy" / "local" / "kafka" / "cluster.sh"
 
 
 def broker_kills(root: Path, cycles: int, rate: float = 25.0, down_s: float = 8.0,
-                 port: int = 18093, seed: int = 3) -> dict[str, Any]:
+                 port: int | None = None, seed: int = 3) -> dict[str, Any]:
     """Users post thumbs through the real feedback API (`online-rl serve feedback`) at `rate`/s to a
     three-node cluster (replication 3, min ISR 2) while a node is SIGKILLed and restarted `cycles`
     times, every other time the leader of the feedback topic's partition 0. Every event the API
     acknowledged (202) must be on the topic, once."""
-    import httpx
 
-    from online_rl.bus.kafka import KafkaBus
-    from online_rl.bus.topics import Topics
-    from online_rl.client import FeedbackClient, FeedbackRejected
-    from online_rl.events import Feedback, decode
-    from online_rl.ingest import new_key
 
     env = {**os.environ, "ORL_KAFKA_CLUSTER_PORT": str(_free_port_block()),
            "ORL_KAFKA_CLUSTER_RUN": str(root / "cluster")}
@@ -499,6 +493,23 @@ def broker_kills(root: Path, cycles: int, rate: float = 25.0, down_s: float = 8.
                               text=True).stdout.strip()
 
     bootstrap = cluster("start").splitlines()[-1]
+    try:
+        return _broker_traffic(bootstrap, cluster, root, cycles, rate, down_s, port, seed)
+    finally:
+        cluster("stop")
+
+
+def _broker_traffic(bootstrap: str, cluster: Any, root: Path, cycles: int, rate: float, down_s: float,
+                    port: int | None, seed: int) -> dict[str, Any]:
+    """`broker_kills` on a started cluster."""
+    import httpx
+
+    from online_rl.bus.kafka import KafkaBus
+    from online_rl.bus.topics import Topics
+    from online_rl.client import FeedbackClient, FeedbackRejected
+    from online_rl.events import Feedback, decode
+    from online_rl.ingest import new_key
+
     key, digest = new_key()
     prefix = f"b{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix)
@@ -506,6 +517,7 @@ def broker_kills(root: Path, cycles: int, rate: float = 25.0, down_s: float = 8.
                    "ORL_BUS__TOPIC_PREFIX": prefix, "ORL_BUS__PARTITIONS": "2",
                    "ORL_FEEDBACK_API__API_KEYS": f'["{digest}"]', "ORL_FEEDBACK_API__RATE_LIMIT_PER_S": "1e9",
                    "ORL_FEEDBACK_API__RATE_BURST": "1e9", "ORL_FEEDBACK_API__USER_CAP": "1000000000"}
+    port = port or _free_port()
     url = f"http://127.0.0.1:{port}"
     acked: list[str] = []
     errors: list[str] = []
@@ -559,7 +571,6 @@ def broker_kills(root: Path, cycles: int, rate: float = 25.0, down_s: float = 8.
         event = decode(record.value or b"", Feedback)
         on_topic[event.event_id] = on_topic.get(event.event_id, 0) + 1
     bus.close()
-    cluster("stop")
     gaps = [b - a for a, b in itertools.pairwise(acks_at)]
     return {"broker_cycles": cycles, "broker_leader_kills": sum(k["leader"] for k in kills),
             "feedback_acked": len(acked), "feedback_on_topic": sum(1 for e in acked if e in on_topic),
