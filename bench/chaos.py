@@ -259,6 +259,17 @@ def registry_figures(mlflow_url: str, registered: str, topic: str, ends: dict[in
             "challenger_is_newest": bool(versions) and challenger == str(versions[-1].version)}
 
 
+def _topics(bootstrap: str, prefix: str) -> tuple[Any, Any]:
+    """The contract's topics under `prefix` (2 partitions), and the bus."""
+    from online_rl.bus import ensure_topics
+    from online_rl.bus.kafka import KafkaBus
+    from online_rl.bus.topics import Topics
+
+    topics, bus = Topics(prefix), KafkaBus(bootstrap)
+    ensure_topics(bus, topics, 2)
+    return topics, bus
+
+
 def _trained(work: Path) -> tuple[int, int]:
     """The newest checkpoint's samples and steps."""
     from online_rl.config import Settings
@@ -271,14 +282,9 @@ def _trained(work: Path) -> tuple[int, int]:
 def kill_points(bootstrap: str, model: tuple[Path, str], root: Path, server: MlflowServer,
                 points: tuple[str, ...], samples: int) -> dict[str, Any]:
     """Lifetimes of the trainer killed at `points` in turn, then one that finishes; the figures."""
-    from online_rl.bus.kafka import KafkaBus
-    from online_rl.bus.topics import Topics
 
     prefix, registered, work = f"c{uuid.uuid4().hex[:8]}", "chaos-kill", root / "kill"
-    topics = Topics(prefix)
-    bus = KafkaBus(bootstrap)
-    bus.create_topic(topics.samples, 2)
-    bus.create_topic(topics.dlq, 1)
+    topics, bus = _topics(bootstrap, prefix)
     producer = bus.producer()
     _produce(producer, topics.samples, _pairs(0, samples, seed=5, model=model[1]))
     env = _trainer_env(bootstrap, model, work, prefix, server.url, registered)
@@ -323,14 +329,9 @@ def mlflow_outage(bootstrap: str, model: tuple[Path, str], root: Path, server: M
     """A trainer on a stream at `rate` samples/s while the MLflow server is down for `outage_s`."""
     from mlflow import MlflowClient
 
-    from online_rl.bus.kafka import KafkaBus
-    from online_rl.bus.topics import Topics
 
     prefix, registered, work = f"o{uuid.uuid4().hex[:8]}", "chaos-outage", root / "outage"
-    topics = Topics(prefix)
-    bus = KafkaBus(bootstrap)
-    bus.create_topic(topics.samples, 2)
-    bus.create_topic(topics.dlq, 1)
+    topics, bus = _topics(bootstrap, prefix)
     producer = bus.producer()
     produced, stop = [0], threading.Event()
 
@@ -398,17 +399,10 @@ def joiner_kills(bootstrap: str, root: Path, kills: int, rate: float = 40.0, see
     """`online-rl join` SIGKILLed `kills` times inside or right after its transaction while users
     chat and give thumbs at `rate` requests/s; then one lifetime joins the rest. Every request's
     thumb must become exactly one sample."""
-    from online_rl.bus.kafka import KafkaBus
-    from online_rl.bus.topics import Topics
     from online_rl.events import Feedback, FeedbackKind, Interaction, Message, TrainingSample, decode, encode
 
     prefix = f"j{uuid.uuid4().hex[:8]}"
-    topics = Topics(prefix)
-    bus = KafkaBus(bootstrap)
-    for topic in (topics.interactions, topics.feedback, topics.samples):
-        bus.create_topic(topic, 2)
-    for topic in (topics.dlq, topics.join_state):
-        bus.create_topic(topic, 1)
+    topics, bus = _topics(bootstrap, prefix)
     producer = bus.producer()
     produced, stop = [0], threading.Event()
 

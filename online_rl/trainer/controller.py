@@ -450,6 +450,8 @@ class Trainer:
         state.parent_version, state.parent_version_number = published.serving_name, published.version
         state.published_offsets = {TopicPartition(t, p): o for t, p, o in pending["offsets"]}
         state.samples_since_publish = state.samples - int(pending["samples"])
+        if state.samples_since_publish == 0:  # (a restart: what fed that version is in its lineage)
+            state.behaviour_versions, state.reward_mapping_versions, state.recent = set(), set(), {}
         state.eval_gain_due = False
         state.last_publish = time.time()
         state.cold_since_publish = 0
@@ -460,7 +462,7 @@ class Trainer:
                        "the trainer stopped", published.serving_name, published.version, pending["step"],
                        extra={"event": "publish_adopted", "step": pending["step"],
                               "version": published.version, "serving_name": published.serving_name})
-        if self.config.eval_holdout > 0 and hasattr(self, "evalset"):
+        if self.config.eval_holdout > 0:
             self.group.set_baseline(adapter_files(client, registered, published.version))
         return published
 
