@@ -747,6 +747,8 @@ def _mlflow_outage(error: BaseException) -> bool:
     import requests
     from mlflow.exceptions import MlflowException
 
+    if isinstance(error, PermissionError):  # a misconfigured store, not an outage
+        return False
     if isinstance(error, requests.RequestException | OSError):  # OSError: connection, timeout, disk
         return True
     return isinstance(error, MlflowException) and error.error_code in (
