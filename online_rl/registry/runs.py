@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from online_rl.hardware import PrecisionChoice
 
 __all__ = ["BASE_BEHAVIOUR", "Component", "TrainingRun", "VersionLineage", "adapter_config",
-           "base_fingerprint", "config_hash", "offset_ranges", "resolved_config", "run_params", "served_by"]
+           "base_fingerprint", "config_hash", "mlflow_outage", "offset_ranges", "resolved_config",
+           "run_params", "served_by"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +142,22 @@ class VersionLineage:
                 "reward_mapping_version": ",".join(sorted(set(self.reward_mapping_versions))) or None,
                 "parent_version": self.parent_version, "eval": self.eval, "cold_start": self.cold_start,
                 "kl_anchor": self.kl_anchor}
+
+
+def mlflow_outage(error: BaseException) -> bool:
+    """Whether `error` says MLflow (its server, its database, its artifact store) did not answer or
+    could not take the write, as opposed to refusing it: an outage is waited out; a refusal (a bad
+    request, a permission) is a bug or a misconfiguration and is not retried (the trainer ends with
+    its message; a refused metric batch is dropped)."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(error, PermissionError):  # a misconfigured store, not an outage
+        return False
+    if isinstance(error, requests.RequestException | OSError):  # OSError: connection, timeout, disk
+        return True
+    return isinstance(error, MlflowException) and error.error_code in (
+        "INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -257,8 +274,19 @@ class TrainingRun:
                 batch = [self._outbox[i] for i in range(min(len(self._outbox), _METRICS_PER_BATCH))]
             try:
                 self.client.log_batch(self.run_id, metrics=batch)
-            except Exception as error:  # an outage: keep the rows, say so once, try again later
-                if self._unreachable_since is None:
+            except Exception as error:
+                if not mlflow_outage(error):  # refused: retrying cannot help, and it would block the rest
+                    with self._outbox_lock:
+                        for _ in range(min(len(batch), len(self._outbox))):
+                            self._outbox.popleft()
+                        self.metrics_dropped += len(batch)
+                        assert self._outbox_wake is not None
+                        self._outbox_wake.notify_all()
+                    logger.error("MLflow refused %d metric rows of run %s (%s); they are dropped",
+                                 len(batch), self.run_id, error,
+                                 extra={"event": "metrics_refused", "run_id": self.run_id})
+                    continue
+                if self._unreachable_since is None:  # an outage: keep the rows, say so once, retry later
                     self._unreachable_since = time.monotonic()
                     logger.warning("MLflow did not take %d metric rows of run %s (%s); they wait in the "
                                    "outbox and are retried", len(batch), self.run_id, error,

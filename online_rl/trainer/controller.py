@@ -46,6 +46,7 @@ from online_rl.registry import (
     file_sha256,
     find_published,
     folder_files,
+    mlflow_outage,
     offset_ranges,
     serving_name,
 )
@@ -423,7 +424,7 @@ class Trainer:
             failpoint("trainer.after_publish")
             self._refresh_anchor()
         except Exception as error:
-            if not _mlflow_outage(error):
+            if not mlflow_outage(error):
                 raise
             self.metrics.publish_failures.inc()
             logger.warning("step %d: the publish failed (%s); the trainer carries on and tries again at the "
@@ -738,21 +739,6 @@ class Trainer:
         if self.config.cold_start_kl_target is not None:  # adapted: the target and the weight reached
             lineage |= {"kl_target": self.config.cold_start_kl_target, "kl_coef_now": state.anchor_kl_coef}
         return lineage
-
-
-def _mlflow_outage(error: BaseException) -> bool:
-    """Whether `error` says MLflow (its server, its database, its artifact store) did not answer or
-    could not take the write, as opposed to refusing it: an outage is waited out; a refusal (a bad
-    request, a permission) is a bug or a misconfiguration and ends the trainer with its message."""
-    import requests
-    from mlflow.exceptions import MlflowException
-
-    if isinstance(error, PermissionError):  # a misconfigured store, not an outage
-        return False
-    if isinstance(error, requests.RequestException | OSError):  # OSError: connection, timeout, disk
-        return True
-    return isinstance(error, MlflowException) and error.error_code in (
-        "INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
 
 
 def _merge_steps(step: dict[str, float], ppo: dict[str, float]) -> dict[str, float]:

@@ -250,3 +250,16 @@ def test_metrics_wait_out_an_mlflow_outage_in_order_without_holding_up_the_step(
     assert [(m.step, m.value) for m in rows] == [(s, float(s)) for s in range(1, 6)]
     run.close()
     assert client.get_run(run.run_id).info.status == "FINISHED"
+
+
+def test_a_metric_batch_mlflow_refuses_is_dropped_and_does_not_block_the_next(
+        tiny_model: Path, tmp_path: Path) -> None:
+    """A refusal is not an outage: retrying a batch MLflow refuses (a name it does not accept) would hold
+    every later row behind it, so it is dropped and counted, and the next row arrives."""
+    run = TrainingRun.open(_settings(tmp_path, tiny_model), "hybrid", FP32)
+    run.log_metrics({"bad name!?": 1.0}, step=1)  # MLflow refuses metric names with these characters
+    run.log_metrics({"loss": 2.0}, step=2)
+    assert run.flush(60)
+    assert [m.value for m in run.client.get_metric_history(run.run_id, "loss")] == [2.0]
+    assert run.metrics_dropped == 1
+    run.close()

@@ -14,7 +14,7 @@ from mlflow.protos.databricks_pb2 import (
     TEMPORARILY_UNAVAILABLE,
 )
 
-from online_rl.trainer.controller import _mlflow_outage
+from online_rl.registry import mlflow_outage
 
 
 @pytest.mark.parametrize("error", [
@@ -27,7 +27,7 @@ from online_rl.trainer.controller import _mlflow_outage
     OSError(28, "No space left on device"),
 ])
 def test_an_outage_is_waited_out(error: BaseException) -> None:
-    assert _mlflow_outage(error)
+    assert mlflow_outage(error)
 
 
 @pytest.mark.parametrize("error", [
@@ -37,4 +37,4 @@ def test_an_outage_is_waited_out(error: BaseException) -> None:
     ValueError("a bug"),
 ])
 def test_a_refusal_ends_the_trainer(error: BaseException) -> None:
-    assert not _mlflow_outage(error)
+    assert not mlflow_outage(error)
