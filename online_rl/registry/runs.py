@@ -264,6 +264,7 @@ class TrainingRun:
         """The outbox's sender: batches of rows in order; on a failure, the rows stay and it retries
         with a growing pause (MLflow's client has already retried the request itself)."""
         pause = _RETRY_FIRST_S
+        one_by_one = 0  # after a refused batch, its rows go singly so only the refused ones are dropped
         while True:
             with self._outbox_lock:
                 assert self._outbox_wake is not None
@@ -271,11 +272,16 @@ class TrainingRun:
                     if self.finished:
                         return
                     self._outbox_wake.wait(5.0)
-                batch = [self._outbox[i] for i in range(min(len(self._outbox), _METRICS_PER_BATCH))]
+                size = 1 if one_by_one else _METRICS_PER_BATCH
+                batch = [self._outbox[i] for i in range(min(len(self._outbox), size))]
             try:
                 self.client.log_batch(self.run_id, metrics=batch)
             except Exception as error:
+                if not mlflow_outage(error) and len(batch) > 1:  # find the refused rows among the batch
+                    one_by_one = len(batch)
+                    continue
                 if not mlflow_outage(error):  # refused: retrying cannot help, and it would block the rest
+                    one_by_one = max(0, one_by_one - 1)
                     with self._outbox_lock:
                         for _ in range(min(len(batch), len(self._outbox))):
                             self._outbox.popleft()
@@ -295,6 +301,7 @@ class TrainingRun:
                 pause = min(_RETRY_MAX_S, pause * 2)
                 continue
             pause = _RETRY_FIRST_S
+            one_by_one = max(0, one_by_one - len(batch))
             with self._outbox_lock:
                 for _ in range(min(len(batch), len(self._outbox))):
                     self._outbox.popleft()

@@ -188,10 +188,12 @@ start() {
   fi
   info "starting broker on 127.0.0.1:$port (log: $logfile)"
   nohup "${java_cmd[@]}" kafka.Kafka "$props" >>"$logfile" 2>&1 </dev/null &
-  echo $! > "$pidfile"
+  local started=$!
+  echo "$started" > "$pidfile"
   local deadline=$((SECONDS + timeout))
   while [ $SECONDS -lt $deadline ]; do
-    if ! running_pid >/dev/null; then
+    # alive, not running_pid: until nohup has exec'd java, the process's command line is still bash's
+    if ! kill -0 "$started" 2>/dev/null; then
       tail -n 20 "$logfile" >&2
       die "the broker exited during start-up; see $logfile"
     fi
