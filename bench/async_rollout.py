@@ -130,7 +130,13 @@ def _learn(args: argparse.Namespace, work: Path, prompts: list[list[int]], train
         loop = ColocatedPPO(_settings(learn, work, staleness))
         try:
             loop.observe(prompts, texts=train)
-            curve = [loop.step()["reward"] for _ in range(args.learn)]
+            curve: list[float] = []
+            watch = ("staleness", "behaviour_gap", "ppo_truncated_fraction", "zero_variance_fraction", "kl")
+            for _ in range(args.learn):
+                metrics = loop.step()
+                curve.append(metrics["reward"])
+                print(f"learn {name} step {len(curve)}: reward {metrics['reward']:.3f} "
+                      + " ".join(f"{k} {metrics[k]:.3f}" for k in watch if k in metrics), flush=True)
             evaluation = loop.evaluate(held, samples=2, seed=4321, texts=held_texts)
         finally:
             loop.close()

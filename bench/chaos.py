@@ -10,8 +10,8 @@ min.insync.replicas 2) under `online-rl serve feedback`; `online-rl join` and `o
 processes (the trainer with its Ray runtime) on a Kafka broker (started for the run unless
 `--bootstrap` names one); an `mlflow server` process (SQLite store, its artifacts served by the server,
 as the chart deploys it) and, unless `--model` names one, a tiny random Llama with the embedded
-tokenizer (what is measured is recovery, not learning). `--smoke` (CI's): 2 broker cycles, 4 joiner
-kills, the short trainer schedule, 40 samples, a 10 s outage.
+tokenizer (what is measured is recovery, not learning). `--smoke` (CI's): 1 broker cycle (the
+leader), 3 joiner kills, the short trainer schedule, 40 samples, a 10 s outage.
 
 **Broker loss.** Users post thumbs through the feedback API at up to 25/s with the project's client
 (`online_rl.client.FeedbackClient`: a 503 or a dropped connection is retried with the same event id)
@@ -602,7 +602,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.schedule, args.samples, args.outage_s = "short", 40, 10.0
-        args.joiner_kills, args.broker_cycles = 4, 2
+        args.joiner_kills, args.broker_cycles = 3, 1
     started = time.monotonic()
     with (tempfile.TemporaryDirectory(prefix="orl-bench-chaos-") as tmp,
           kafka_broker(args.bootstrap) as bootstrap):

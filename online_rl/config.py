@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from online_rl.algos.config import CriticFreeConfig, DPOConfig, KLControlConfig
+from online_rl.algos.config import CriticFreeConfig, DPOConfig, KLControlConfig, PPOConfig
 from online_rl.algos.policy import LoraSpec
 from online_rl.errors import ConfigError
 from online_rl.flow.errors import RewardRuleError
@@ -384,7 +384,7 @@ class RayConfig(BaseModel):
 
 
 # The algorithms' defaults, which the settings below expose: written once, in online_rl/algos.
-_DPO, _KL, _LORA = DPOConfig(), KLControlConfig(), LoraSpec()
+_DPO, _KL, _LORA, _PPO = DPOConfig(), KLControlConfig(), LoraSpec(), PPOConfig()
 
 
 class TrainerConfig(BaseModel):
@@ -613,6 +613,11 @@ class HybridConfig(BaseModel):
         description="A batch that would be trained more than max_staleness versions after the adapter that "
         "sampled it: wait (the engine samples no further ahead than the bound allows), drop (sampled, then "
         "discarded and counted) or keep (trained, its behaviour log-probs correcting the update).",
+    )
+    behaviour_cap: float = Field(
+        default=_PPO.behaviour_cap, ge=1.0, le=100.0,
+        description="Truncation of each token's importance weight pi_old / pi_behaviour (decoupled PPO), "
+        "which corrects for rollouts sampled by an older adapter: 1 only ever weighs such tokens down.",
     )
     rollout_batch: int = Field(default=8, ge=1, le=4096, description="Prompts sampled per PPO iteration.")
     max_new_tokens: int = Field(default=32, ge=1, le=4096, description="Longest completion sampled.")

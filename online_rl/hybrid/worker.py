@@ -290,7 +290,8 @@ class HybridWorker:
             total.backward()
             norm = clipped_step(self.optimizer, self.lora_params)
             metrics |= {"ppo_loss": loss.loss.item(), "ppo_clip_fraction": loss.clip_fraction.item(),
-                        "ppo_approx_kl": loss.approx_kl.item(), "grad_norm": norm}
+                        "ppo_approx_kl": loss.approx_kl.item(), "grad_norm": norm,
+                        "ppo_truncated_fraction": loss.truncated_fraction.item()}
         return metrics | {"step_s": time.perf_counter() - start}
 
     def avoid_cores(self, cores: set[int]) -> list[int]:

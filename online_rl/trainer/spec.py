@@ -137,7 +137,7 @@ def hybrid_specs(settings: Settings) -> tuple[HybridSpec, CriticSpec, RewardSpec
         clipping = {"clip_low": hybrid.critic_free.clip_low, "clip_high": hybrid.critic_free.clip_high,
                     "aggregation": hybrid.critic_free.loss_aggregation}
     kl = KLControlConfig(coef=hybrid.kl_coef, target=hybrid.kl_target, horizon=hybrid.kl_horizon)
-    ppo = PPOConfig(kl=kl, **clipping)
+    ppo = PPOConfig(kl=kl, behaviour_cap=hybrid.behaviour_cap, **clipping)
     in_loss = hybrid.critic_free
     policy = HybridSpec(model, hybrid.learning_rate, hybrid.ppo_epochs, ppo, hybrid.aligned,
                         settings.mlflow.registered_model, in_loss.beta if in_loss else 0.0,

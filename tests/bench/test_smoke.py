@@ -91,8 +91,8 @@ def test_hostile_input_neither_crashes_nor_skews_nor_ships_a_forgery(kafka_boots
 
 def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
         kafka_bootstrap: str, tiny_model: Path) -> None:
-    """bench/chaos.py's short schedule (issue 27): a node of a three-node Kafka cluster SIGKILLed twice
-    (once the leader) while users post feedback through the real API; the joiner SIGKILLed 4 times
+    """bench/chaos.py's short schedule (issue 27): the leader of a three-node Kafka cluster SIGKILLed
+    while users post feedback through the real API; the joiner SIGKILLed 3 times
     inside or right after its transaction while users chat and give thumbs; the trainer SIGKILLed
     after a publish's write-ahead checkpoint, between register and alias, and between publish and
     checkpoint, each in a lifetime of its own, then one that finishes; and a fresh trainer with the
@@ -102,10 +102,10 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
                             "--model-name", TINY_NAME])
     # every event the API acknowledged is on the topic (a retried one may be there twice: same event id,
     # which the joiner counts once); the client's retries hid the failover from its caller
-    assert result["broker_cycles"] == 2 and result["broker_leader_kills"] >= 1
+    assert result["broker_cycles"] == 1 and result["broker_leader_kills"] == 1
     assert result["feedback_acked"] > 50 and result["feedback_on_topic"] == result["feedback_acked"], result
     assert result["feedback_client_errors"] == 0, result
-    assert result["joiner_sigkilled"] == result["joiner_kills"] == 4 and result["joiner_requests"] > 100
+    assert result["joiner_sigkilled"] == result["joiner_kills"] == 3 and result["joiner_requests"] > 100
     assert result["samples_duplicated"] == 0 and result["samples_missing"] == 0, result
     assert [k["point"] for k in result["kills"]] == ["trainer.before_publish", "registry.after_register",
                                                       "trainer.after_publish"]

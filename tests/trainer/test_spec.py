@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from online_rl.algos import DPOConfig, KLControlConfig
+from online_rl.algos import DPOConfig, KLControlConfig, PPOConfig
 from online_rl.algos.policy import LoraSpec
 from online_rl.config import Settings
 from online_rl.trainer.spec import build_lora, hybrid_specs, trainer_specs
@@ -38,7 +38,7 @@ def test_the_hybrid_specs_take_the_adapter_from_trainer_and_the_rest_from_hybrid
     settings = Settings(trainer={"lora_rank": 4, "seed": 3},  # type: ignore[arg-type]
                         hybrid={"learning_rate": 1e-3, "ppo_epochs": 1, "kl_coef": 0.1,  # type: ignore[arg-type]
                                 "kl_target": 1.0, "kl_horizon": 32, "reward_window": 64, "reward_batch": 4,
-                                "reward_learning_rate": 5e-4, "aligned": False,
+                                "reward_learning_rate": 5e-4, "aligned": False, "behaviour_cap": 1.5,
                                 "critic_free": {"estimator": "grpo", "clip_low": 0.2, "clip_high": 0.28,
                                                 "loss_aggregation": "seq-mean-token-mean"}},
                         mlflow={"registered_model": "chat-policy"})  # type: ignore[arg-type]
@@ -49,6 +49,7 @@ def test_the_hybrid_specs_take_the_adapter_from_trainer_and_the_rest_from_hybrid
     assert policy.ppo.kl == KLControlConfig(coef=0.1, target=1.0, horizon=32)
     assert (policy.ppo.clip_low, policy.ppo.clip_high, policy.ppo.aggregation) == (
         0.2, 0.28, "seq-mean-token-mean")
+    assert policy.ppo.behaviour_cap == 1.5
     assert critic.ppo == policy.ppo
     assert (reward.learning_rate, reward.window, reward.batch) == (5e-4, 64, 4)
 
@@ -67,6 +68,7 @@ def test_the_settings_defaults_are_the_algorithms_own() -> None:
     assert policy.dpo == DPOConfig() and policy.kto.beta == DPOConfig().beta
     assert policy.model.lora == LoraSpec()
     assert policy.ppo.kl.coef == KLControlConfig().coef == settings.hybrid.kl_coef
+    assert hybrid_specs(settings)[0].ppo.behaviour_cap == PPOConfig().behaviour_cap
 
 
 def test_an_unresolved_precision_is_refused_before_anything_loads(tiny_model: Path) -> None:
