@@ -259,8 +259,17 @@ class _KafkaProducer(Producer):
 
 
 class _KafkaConsumer(Consumer):
+    """A group member. Where to start without a committed offset is `reset` (earliest or latest). A
+    start offset beyond the log's end (the topic was recreated, or a broker lost the tail this group
+    had read) is not reset that way, since `earliest` would replay the whole log — the samples again:
+    on assignment, `_clamp` moves it to the log's end and says how many records were lost. (One before
+    the log's start, removed unread by retention, resumes at the start, as `earliest` does.)"""
+
     def __init__(self, servers: str, extra: Mapping[str, Any], group_id: str, reset: str) -> None:
+        if reset not in ("earliest", "latest"):
+            raise BusError(f"auto_offset_reset={reset!r}: use 'earliest' or 'latest'")
         self.group_id = group_id
+        self.offset_resets: list[dict[str, Any]] = []  # what `_clamp` did, newest last
         self._c = ck.Consumer({
             "bootstrap.servers": servers,
             "group.id": group_id,
@@ -287,8 +296,9 @@ class _KafkaConsumer(Consumer):
             tps = [TopicPartition(p.topic, p.partition) for p in parts]
             self._assigned = sorted(set(self._assigned) | set(tps))
             self._generation += 1
-            starts = on_assign(tps) if on_assign else None
-            if starts:
+            starts = dict(on_assign(tps) or {}) if on_assign else {}
+            moved = self._clamp(consumer, tps, starts)
+            if starts or moved:
                 # Offsets set on the partitions before assigning them are where fetching starts.
                 for part, tp in zip(parts, tps, strict=True):
                     if tp in starts:
@@ -323,6 +333,31 @@ class _KafkaConsumer(Consumer):
                 Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), ts, headers)
             )
         return out
+
+    def _clamp(self, consumer: Any, tps: list[TopicPartition], starts: dict[TopicPartition, int]) -> bool:
+        """Where each partition of an assignment starts (the application's offset in `starts`, else the
+        group's committed one): one beyond the log's end is moved to the end, in `starts` (True if any),
+        logged and kept in `offset_resets`."""
+        unknown = [tp for tp in tps if tp not in starts]
+        committed = consumer.committed([_tp(tp) for tp in unknown], timeout=10) if unknown else []
+        start = dict(starts) | {TopicPartition(p.topic, p.partition): p.offset for p in committed}
+        moved = False
+        for tp in tps:
+            offset = start.get(tp, -1)
+            if offset is None or offset < 0:
+                continue  # no committed offset: `reset` decides
+            _, high = consumer.get_watermark_offsets(_tp(tp), timeout=10)
+            if offset <= high:
+                continue
+            starts[tp], moved = high, True
+            event = {"topic": tp.topic, "partition": tp.partition, "offset": offset, "high": high,
+                     "lost": offset - high}
+            self.offset_resets.append(event)
+            logger.warning("%s[%d]: the group's offset %d is beyond the log's end %d (the topic was "
+                           "recreated, or a broker lost records): resuming at the end, not replaying the "
+                           "log; %d records are lost", tp.topic, tp.partition, offset, high, offset - high,
+                           extra={"event": "offset_beyond_log_end", **event})
+        return moved
 
     def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         if not offsets:

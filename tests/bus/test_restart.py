@@ -86,3 +86,51 @@ def test_killed_consumer_resumes_without_loss_or_committed_repeats(
             assert offset >= committed.get(partition, 0), (
                 f"record {partition}:{offset} was committed before the kill and processed again"
             )
+
+
+def _assigned(consumer: object) -> list[bytes]:
+    """Poll until `consumer` has its partitions; the values it read meanwhile."""
+    got: list[bytes] = []
+    deadline = time.monotonic() + 60
+    while not consumer.assignment() and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        got += [r.value for r in consumer.poll(10, 0.5) if r.value is not None]  # type: ignore[attr-defined]
+    assert consumer.assignment(), "no partition assigned within 60 s"  # type: ignore[attr-defined]
+    return got
+
+
+@pytest.mark.kafka
+def test_a_group_offset_beyond_the_logs_end_resumes_at_the_end_instead_of_replaying(
+        kafka_bootstrap: str) -> None:
+    """The log lost records this group had read (a recreated topic, a broker that lost its tail): the
+    group's offset lies beyond the end. `earliest` would replay the whole log (every sample again); the
+    consumer starts at the end, reads only what comes next, and says how many records were lost."""
+    from online_rl.bus.base import TopicPartition
+
+    bus = KafkaBus(kafka_bootstrap)
+    topic, group = f"beyond-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    bus.create_topic(topic, 1)
+    producer = bus.producer()
+    for i in range(5):
+        producer.produce(topic, f"old-{i}".encode(), b"k")
+    producer.flush()
+    first = bus.consumer(group)
+    first.subscribe([topic])
+    _assigned(first)
+    first.commit({TopicPartition(topic, 0): 100})  # as if it had read 100 records the log no longer has
+    first.close()
+
+    second = bus.consumer(group)
+    second.subscribe([topic])
+    got = _assigned(second)
+    for i in range(3):
+        producer.produce(topic, f"new-{i}".encode(), b"k")
+    producer.flush()
+    deadline = time.monotonic() + 30
+    while len(got) < 3 and time.monotonic() < deadline:
+        got += [r.value for r in second.poll(100, 0.5) if r.value is not None]
+    got += [r.value for r in second.poll(100, 1.0) if r.value is not None]
+    assert got == [b"new-0", b"new-1", b"new-2"]  # none of the old records again
+    assert second.offset_resets == [  # type: ignore[attr-defined]
+        {"topic": topic, "partition": 0, "offset": 100, "high": 5, "lost": 95}]
+    second.close()
+    bus.close()
