@@ -297,7 +297,11 @@ class _KafkaConsumer(Consumer):
             self._assigned = sorted(set(self._assigned) | set(tps))
             self._generation += 1
             starts = dict(on_assign(tps) or {}) if on_assign else {}
-            moved = self._clamp(consumer, tps, starts)
+            try:
+                moved = self._clamp(consumer, tps, starts)
+            except ck.KafkaException as exc:  # the broker did not answer: start as Kafka would
+                moved = False
+                logger.warning("could not check the start offsets of %s against the log: %s", tps, exc)
             if starts or moved:
                 # Offsets set on the partitions before assigning them are where fetching starts.
                 for part, tp in zip(parts, tps, strict=True):
