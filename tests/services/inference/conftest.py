@@ -69,11 +69,13 @@ def make_server(tmp_path: Path) -> Iterator[ServerFactory]:
     with ExitStack() as stack:
 
         def make(model_dir: Path, name: str, bus: Bus | None = None, trusted_signers: tuple[str, ...] = (),
-                 **inference: Any) -> Server:
+                 tracking_uri: str | None = None, **inference: Any) -> Server:
             settings, key, admin_key = server_settings(tmp_path / "cache", model_dir, name, **inference)
-            if trusted_signers:
-                mlflow = settings.mlflow.model_copy(update={"trusted_signers": list(trusted_signers)})
-                settings = settings.model_copy(update={"mlflow": mlflow})
+            if trusted_signers or tracking_uri:
+                update: dict[str, Any] = {"trusted_signers": list(trusted_signers)} if trusted_signers else {}
+                if tracking_uri:
+                    update["tracking_uri"] = tracking_uri
+                settings = settings.model_copy(update={"mlflow": settings.mlflow.model_copy(update=update)})
             the_bus = bus or EmbeddedBus(tmp_path / f"bus-{uuid.uuid4().hex[:6]}.db")
             app = create_app(settings, bus=the_bus)
             url = stack.enter_context(serve(app))
