@@ -15,6 +15,10 @@ from tests.services.inference.test_mlflow_adapters import register
 pytestmark = pytest.mark.slow
 
 
+def _load(version: str) -> dict[str, str]:
+    return {"source": f"models:/policy/{version}", "alias": "policy"}
+
+
 def test_a_load_while_mlflow_is_down_is_refused_as_retryable_and_serving_carries_on(
         make_server: ServerFactory, tiny_model: Path, adapters: list[Path], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,11 +29,11 @@ def test_a_load_while_mlflow_is_down_is_refused_as_retryable_and_serving_carries
         server = make_server(tiny_model, "tiny-llama", tracking_uri=mlflow.url)
         settings = server.app.state.service.settings
         assert register(settings, adapters[0]) == "1" and register(settings, adapters[1]) == "2"
-        loaded = server.admin("POST", "/admin/adapters", json={"source": "models:/policy/1", "alias": "policy"})
+        loaded = server.admin("POST", "/admin/adapters", json=_load("1"))
         assert loaded.status_code == 201, loaded.text
 
         mlflow.kill()
-        refused = server.admin("POST", "/admin/adapters", json={"source": "models:/policy/2", "alias": "policy"})
+        refused = server.admin("POST", "/admin/adapters", json=_load("2"))
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"]["type"] == "adapter_unavailable" and "retry" in refused.text
         assert refused.headers["Retry-After"] == "5"
@@ -40,7 +44,7 @@ def test_a_load_while_mlflow_is_down_is_refused_as_retryable_and_serving_carries
         assert answer.model == "policy-v1"
 
         mlflow.start()  # the same store, as a restarted pod
-        again = server.admin("POST", "/admin/adapters", json={"source": "models:/policy/2", "alias": "policy"})
+        again = server.admin("POST", "/admin/adapters", json=_load("2"))
         assert again.status_code == 201, again.text
         answer = server.openai().completions.create(model="policy", prompt="hello", max_tokens=3)
         assert answer.model == "policy-v2"
