@@ -3,7 +3,7 @@
     deploy/local/env.sh .venv/bin/python bench/async_rollout.py [--rounds 3] [--steps 4] [--prompts 4]
         [--group 4] [--max-new-tokens 48] [--staleness 1] [--learning-rate 0] [--timeline FILE]
         [--learn STEPS [--learn-rate 1e-3] [--learn-staleness 2] [--learn-sides sync,async,control]
-         [--only-learn]] [--smoke]
+         [--learn-seeds 0[,1,...]] [--only-learn]] [--smoke]
 
 Two rollout flows (`online_rl.hybrid.loop.ColocatedPPO`, `hybrid.engine: vllm`, GRPO with the reward
 function of bench/grpo.py, the default LoRA of `trainer.*` on the embedded model) run side by side in
@@ -34,7 +34,10 @@ docs/rollout-flow.md. The last line is one JSON object with those figures and th
 synchronous flow, of the asynchronous one at `--learn-staleness`, and of an lr = 0 control, one after
 the other with the same prompts and seeds, each final policy's reward function mean on 12 held-out
 prompts (`learn`, `learn_gap` = async − sync); `--only-learn` stops there, as does a `--learn-sides`
-without both sync and async.
+without both sync and async. `--learn-seeds 0,1,2` runs every side once per trainer seed (adapter
+initialisation, prompt draws and sampling; seed 0 is the single run's), alternating the sides' order:
+each side's median and range of held-out reward, and the async − sync difference per seed
+(`gap_per_seed`), since one run per side is swayed by which prompts collapse.
 """
 
 from __future__ import annotations
@@ -113,40 +116,71 @@ def draw(rows: list[dict[str, Any]], last: int = 5, per_char: float = 1.0) -> st
                       f"        {scale}  ({per_char:g} s per character, | every {10 * per_char:g} s)"])
 
 
+def _learn_run(args: argparse.Namespace, work: Path, prompts: list[list[int]], train: list[str],
+               held: list[list[int]], held_texts: list[str], name: str, staleness: int, lr: float,
+               seed: int) -> dict[str, Any]:
+    """One learning run: `--learn` iterations of one side at `lr` with the trainer seed `seed` (the
+    adapter's initialisation, the prompt draws and the sampling), then its held-out reward."""
+    from online_rl.hybrid.loop import ColocatedPPO
+
+    fn = f"fn_{FUNCTION['name']}"
+    learn = argparse.Namespace(**{**vars(args), "learning_rate": lr})
+    settings = _settings(learn, work, staleness)
+    settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={"seed": seed})})
+    started = time.perf_counter()
+    loop = ColocatedPPO(settings)
+    try:
+        loop.observe(prompts, texts=train)
+        curve: list[float] = []
+        watch = ("staleness", "behaviour_gap", "ppo_truncated_fraction", "zero_variance_fraction", "kl")
+        for _ in range(args.learn):
+            metrics = loop.step()
+            curve.append(metrics["reward"])
+            print(f"learn {name} seed {seed} step {len(curve)}: reward {metrics['reward']:.3f} "
+                  + " ".join(f"{k} {metrics[k]:.3f}" for k in watch if k in metrics), flush=True)
+        evaluation = loop.evaluate(held, samples=2, seed=4321, texts=held_texts)
+    finally:
+        loop.close()
+    out = {"held_out_reward": round(evaluation[fn], 4), "base_reward": round(evaluation["base_" + fn], 4),
+           "train_reward_last4": round(statistics.fmean(curve[-4:]), 4),
+           "train_rewards": [round(r, 3) for r in curve], "seconds": round(time.perf_counter() - started, 1)}
+    print(f"learn {name} seed {seed}: held-out reward {out['held_out_reward']:.3f} "
+          f"(base {out['base_reward']:.3f}) in {out['seconds']:.0f}s", flush=True)
+    return out
+
+
 def _learn(args: argparse.Namespace, work: Path, prompts: list[list[int]], train: list[str],
            held: list[list[int]], held_texts: list[str]) -> dict[str, Any]:
     """The learning comparison: `--learn` iterations at lr `--learn-rate` of the synchronous flow, of the
     asynchronous one at `--learn-staleness`, and of an lr = 0 control, one after the other with the same
-    prompts and seeds; each final policy's reward on held-out prompts (2 answers each, one seed)."""
-    from online_rl.hybrid.loop import ColocatedPPO
-
+    prompts and seeds; each final policy's reward on held-out prompts (2 answers each, one seed). With
+    several `--learn-seeds`, every side runs once per seed (the order of the sides alternating from seed
+    to seed), and each side reports the median and range of its held-out rewards, and the sync/async
+    pairs their differences."""
+    sides = {"sync": (0, args.learn_rate), "async": (args.learn_staleness, args.learn_rate),
+             "control": (0, 0.0)}
+    names = [name for name in sides if name in args.learn_sides.split(",")]
+    seeds = [int(s) for s in str(args.learn_seeds).split(",")]
+    runs: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in names}
+    for i, seed in enumerate(seeds):
+        for name in names if i % 2 == 0 else names[::-1]:
+            staleness, lr = sides[name]
+            runs[name][seed] = _learn_run(args, work, prompts, train, held, held_texts, name, staleness,
+                                          lr, seed)
+    if len(seeds) == 1:
+        return {name: runs[name][seeds[0]] for name in names}
     out: dict[str, Any] = {}
-    fn = f"fn_{FUNCTION['name']}"
-    rate = args.learn_rate
-    runs = (("sync", 0, rate), ("async", args.learn_staleness, rate), ("control", 0, 0.0))
-    for name, staleness, lr in [run for run in runs if run[0] in args.learn_sides.split(",")]:
-        learn = argparse.Namespace(**{**vars(args), "learning_rate": lr})
-        started = time.perf_counter()
-        loop = ColocatedPPO(_settings(learn, work, staleness))
-        try:
-            loop.observe(prompts, texts=train)
-            curve: list[float] = []
-            watch = ("staleness", "behaviour_gap", "ppo_truncated_fraction", "zero_variance_fraction", "kl")
-            for _ in range(args.learn):
-                metrics = loop.step()
-                curve.append(metrics["reward"])
-                print(f"learn {name} step {len(curve)}: reward {metrics['reward']:.3f} "
-                      + " ".join(f"{k} {metrics[k]:.3f}" for k in watch if k in metrics), flush=True)
-            evaluation = loop.evaluate(held, samples=2, seed=4321, texts=held_texts)
-        finally:
-            loop.close()
-        out[name] = {"held_out_reward": round(evaluation[fn], 4),
-                     "base_reward": round(evaluation["base_" + fn], 4),
-                     "train_reward_last4": round(statistics.fmean(curve[-4:]), 4),
-                     "train_rewards": [round(r, 3) for r in curve],
-                     "seconds": round(time.perf_counter() - started, 1)}
-        print(f"learn {name}: held-out reward {out[name]['held_out_reward']:.3f} "
-              f"(base {out[name]['base_reward']:.3f}) in {out[name]['seconds']:.0f}s", flush=True)
+    for name in names:
+        rewards = [runs[name][seed]["held_out_reward"] for seed in seeds]
+        out[name] = {"held_out_reward": round(statistics.median(rewards), 4),
+                     "held_out_range": [min(rewards), max(rewards)], "held_out_rewards": rewards,
+                     "seeds": seeds, "runs": {str(seed): runs[name][seed] for seed in seeds}}
+    if {"sync", "async"} <= set(names):
+        gaps = [round(runs["async"][s]["held_out_reward"] - runs["sync"][s]["held_out_reward"], 4)
+                for s in seeds]
+        out["gap_per_seed"] = gaps
+        print(f"learn: async - sync held-out per seed {gaps}, median {statistics.median(gaps):+.3f}",
+              flush=True)
     return out
 
 
@@ -167,6 +201,8 @@ def main() -> None:
     parser.add_argument("--learn-rate", type=float, default=1e-3)
     parser.add_argument("--learn-staleness", type=int, default=2)
     parser.add_argument("--only-learn", action="store_true", help="skip the throughput rounds")
+    parser.add_argument("--learn-seeds", default="0",
+                        help="trainer seeds of the learning runs (comma-separated: each side once per seed)")
     parser.add_argument("--learn-sides", default="sync,async,control",
                         help="which of the learning runs to make (comma-separated)")
     parser.add_argument("--smoke", action="store_true", help="1 round of 1 step, 2 prompts, 8 tokens")

@@ -456,7 +456,9 @@ class TrainerConfig(BaseModel):
     keep_checkpoints: int = Field(default=3, ge=1, description="Checkpoints kept on disk.")
     experiment: str = Field(default="online-rl-trainer", min_length=1, description="MLflow experiment.")
     group_id: str = Field(default="orl-trainer", min_length=1, description="Consumer group on the samples.")
-    seed: int = Field(default=0, description="Seed of the adapter's initialisation and of dropout.")
+    seed: int = Field(default=0, ge=0, le=1_000_000,
+                      description="Seed of the adapter's initialisation and of dropout (and of the rollout "
+                      "flow's prompt draws and sampling).")
     ppo_epochs: int = Field(default=2, ge=1, le=16, description="PPO: optimizer steps over each batch.")
     kl_coef: float = Field(default=_KL.coef, ge=0, description="PPO: the KL penalty's initial coefficient.")
     kl_target: float | None = Field(

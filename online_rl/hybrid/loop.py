@@ -67,6 +67,7 @@ class ColocatedPPO:
         self.pairs_seen = 0
         self.steps = 0
         self.random = random.Random(settings.trainer.seed)
+        self.sample_seed = settings.trainer.seed * 1_000_003  # each seed its own sampling (0: as before)
         self.last_sync: dict[str, Any] = {}
         self.updates = 0  # policy updates so far: the version a rollout batch is sampled with
         self.synced = -1  # the update count of the adapter the engine has
@@ -180,7 +181,7 @@ class ColocatedPPO:
         try:
             out = self.engine.generate(prompts, self.config.max_new_tokens,
                                        self.config.temperature if temperature is None else temperature,
-                                       seed=self.steps * 7919 if seed is None else seed)
+                                       seed=self.sample_seed + self.steps * 7919 if seed is None else seed)
             generated = time.perf_counter()
         finally:
             self.engine.release()  # the training shards come back even when generation fails
@@ -306,7 +307,7 @@ class ColocatedPPO:
                 self.synced = self.updates
                 metrics["adapter_sync_bytes"] = float(self.last_sync["adapter_sync_bytes"])
             prompts = [list(p) for p in self.random.choices(list(self.prompts), k=config.rollout_batch)]
-            seed, self.submitted = self.submitted * 7919, self.submitted + 1
+            seed, self.submitted = self.sample_seed + self.submitted * 7919, self.submitted + 1
             handle, name = engine.submit([p for p in prompts for _ in range(n)], config.max_new_tokens,
                                          config.temperature, seed)
             return Batch(handle, name, version, prompts, time.time())
