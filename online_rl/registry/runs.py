@@ -277,10 +277,11 @@ class TrainingRun:
             try:
                 self.client.log_batch(self.run_id, metrics=batch)
             except Exception as error:
-                if not mlflow_outage(error) and len(batch) > 1:  # find the refused rows among the batch
+                refused = not mlflow_outage(error)
+                if refused and len(batch) > 1:  # find the refused rows among the batch
                     one_by_one = len(batch)
                     continue
-                if not mlflow_outage(error):  # refused: retrying cannot help, and it would block the rest
+                if refused:  # retrying cannot help, and it would block the rest
                     one_by_one = max(0, one_by_one - 1)
                     with self._outbox_lock:
                         for _ in range(min(len(batch), len(self._outbox))):
