@@ -77,6 +77,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.chaos_serving import serving_faults
 from bench.common import ROOT, emit, kafka_broker, start_cli_service
 
 FULL = ("trainer.mid_step", "checkpoint.mid_write", "trainer.before_publish", "registry.after_register",
@@ -91,7 +92,13 @@ FIELDS: tuple[str, ...] = (
     "schedule", "joiner_kills", "joiner_sigkilled", "joiner_requests", "samples_duplicated",
     "samples_missing", "joiner_lifetime_s", "broker_cycles", "broker_leader_kills", "feedback_acked",
     "feedback_on_topic", "feedback_duplicated_on_topic", "feedback_client_errors", "feedback_longest_stall_s",
+    "interactions_answered", "interactions_logged", "killed_right_after_answering_logged",
+    "serving_requests", "serving_client_errors", "serving_retried", "serving_longest_stall_s",
+    "replica_killed_mid_swap", "replica_copies_after_restart", "replica_reload_s", "gateway_kills",
+    "gateway_recovered", "gateway_recovery", "gateway_down_s", "replica_restart_to_champion_s", "disk_full",
+    "interval_s",
 )
+PARTS = ("brokers", "joiner", "trainer", "outage", "serving")
 BATCH, PUBLISH_EVERY = 4, 8
 PREFERRED, AVOIDED = 1000, 2000
 
@@ -599,7 +606,12 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="the model (default: a tiny random Llama)")
     parser.add_argument("--model-name", default="tiny-llama")
     parser.add_argument("--smoke", action="store_true", help="the short schedule, 40 samples, a 10 s outage")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"which parts run, comma-separated (default: all of {', '.join(PARTS)})")
     args = parser.parse_args()
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if unknown := set(parts) - set(PARTS):
+        parser.error(f"--parts: {', '.join(sorted(unknown))} is not a part; the parts are {', '.join(PARTS)}")
     if args.smoke:
         args.schedule, args.samples, args.outage_s = "short", 40, 10.0
         args.joiner_kills, args.broker_cycles = 3, 1
@@ -617,16 +629,24 @@ def main() -> None:
         server = MlflowServer(root / "mlflow")
         server.start()
         try:
-            result = broker_kills(root, args.broker_cycles)
-            print(f"brokers: {result}", flush=True)
-            result |= joiner_kills(bootstrap, root, args.joiner_kills)
-            print(f"joiner: {result}", flush=True)
-            result |= kill_points(bootstrap, model, root, server, FULL if args.schedule == "full" else SHORT,
-                                 args.samples)
-            result |= mlflow_outage(bootstrap, model, root, server, args.outage_s)
+            result: dict[str, Any] = {}
+            if "brokers" in parts:
+                result |= broker_kills(root, args.broker_cycles)
+                print(f"brokers: {result}", flush=True)
+            if "joiner" in parts:
+                result |= joiner_kills(bootstrap, root, args.joiner_kills)
+                print(f"joiner: {result}", flush=True)
+            if "trainer" in parts:
+                result |= kill_points(bootstrap, model, root, server,
+                                      FULL if args.schedule == "full" else SHORT, args.samples)
+            if "outage" in parts:
+                result |= mlflow_outage(bootstrap, model, root, server, args.outage_s)
+            if "serving" in parts:
+                result |= serving_faults(bootstrap, model, root / "serving", server.url)
+                print(f"serving: {result}", flush=True)
         finally:
             server.kill()
-    result |= {"seconds": round(time.monotonic() - started, 1), "schedule": args.schedule}
+    result |= {"seconds": round(time.monotonic() - started, 1), "schedule": args.schedule, "parts": parts}
     emit(result)
 
 

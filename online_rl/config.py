@@ -296,6 +296,12 @@ class InferenceConfig(EdgeLimits):
         "inference.precision).",
     )
     log_buffer: int = Field(default=10_000, ge=1, description="Interactions held while the bus is down.")
+    log_confirm_s: float = Field(
+        default=2.0, ge=0, le=60,
+        description="Hold an answer's last chunk until Kafka confirms its interaction record, at most this "
+        "long (skipped while the bus is away), so that a replica killed after answering has logged what "
+        "it answered; 0 answers at once (a SIGKILL may then lose the records still buffered).",
+    )
     adapters_dir: Path | None = Field(
         default=None, description="Where adapters from MLflow are downloaded (default <cache_dir>/adapters)."
     )

@@ -21,6 +21,13 @@ And in the joiner's transaction:
 
 - `joiner.mid_transaction`: the step's samples, changelog and dead letters are produced, not committed;
 - `joiner.after_commit`: the transaction is committed, the step not yet returned.
+
+In serving (the inference replica and the gateway's rollout controller):
+
+- `serving.mid_load`: a replica's hot swap has the version's files on disk, the engine not yet loaded;
+- `rollout.after_state_write`: the gateway saved a decision to its state file, neither its audit line
+  nor MLflow's aliases are written;
+- `rollout.mid_mlflow`: a promotion moved MLflow's `champion` alias; `challenger` and the tags not yet.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ logger = logging.getLogger(__name__)
 
 ENV = "ORL_FAILPOINTS"
 POINTS = ("trainer.mid_step", "trainer.before_publish", "registry.after_register", "trainer.after_publish",
-          "checkpoint.mid_write", "trainer.before_commit", "joiner.mid_transaction", "joiner.after_commit")
+          "checkpoint.mid_write", "trainer.before_commit", "joiner.mid_transaction", "joiner.after_commit",
+          "serving.mid_load", "rollout.after_state_write", "rollout.mid_mlflow")
 _hits: dict[str, int] = {}
 
 

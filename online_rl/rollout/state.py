@@ -68,4 +68,10 @@ class RolloutStore:
     def entries(self) -> list[dict[str, Any]]:
         if not self.audit_path.is_file():
             return []
-        return [json.loads(line) for line in self.audit_path.read_text().splitlines() if line.strip()]
+        entries = []
+        for line in self.audit_path.read_text().splitlines():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:  # a line torn by a crash mid-write (the state file holds its decision)
+                continue
+        return [e for e in entries if isinstance(e, dict)]

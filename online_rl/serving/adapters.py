@@ -20,6 +20,7 @@ process on the same host left (a SIGKILL runs no clean-up), never another live r
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import re
@@ -32,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from online_rl.faults import failpoint
 from online_rl.registry import AdapterRejected, LineageManifest, download_version, verify_adapter_dir
 from online_rl.serving.engine import Engine
 from online_rl.serving.errors import AdapterUnavailable, UnknownModel, VersionConflict
@@ -135,7 +137,16 @@ class AdapterManager:
         if alias is not None:
             self._check_alias(alias)
         async with self._lock:
-            folder, version = await asyncio.to_thread(self._fetch, src, name)
+            try:
+                folder, version = await asyncio.to_thread(self._fetch, src, name)
+            except Exception as exc:
+                if _disk_full(exc):
+                    raise AdapterUnavailable(
+                        f"the adapter disk {self._download_dir} is full ({exc}); nothing of the "
+                        "version was kept: free space there or give inference.adapters_dir a larger "
+                        "volume, then retry") from exc
+                raise
+            failpoint("serving.mid_load")
             try:
                 return await self._load_fetched(src, folder, version, alias)
             finally:  # a copy nothing serves from (the load failed, or the version was loaded already)
@@ -265,7 +276,12 @@ class AdapterManager:
         (several on one machine) never download into, or delete, each other's copies."""
         parent.mkdir(parents=True, exist_ok=True)
         folder = parent / uuid.uuid4().hex[:12]
-        folder.with_name(folder.name + OWNER_SUFFIX).write_text(_owner())
+        owner = folder.with_name(folder.name + OWNER_SUFFIX)
+        try:
+            owner.write_text(_owner())
+        except BaseException:  # a full disk: no empty owner file left behind
+            owner.unlink(missing_ok=True)
+            raise
         return folder
 
     def _alias_version(self, registered: str, alias: str) -> str:
@@ -283,10 +299,10 @@ class AdapterManager:
         from mlflow.exceptions import MlflowException
 
         dest = self._unique(self._download_dir / serving_name)
-        dest.mkdir()
         uri = f"models:/{registered}/{version}"
         try:
             try:
+                dest.mkdir()
                 store = self._tracking_uri or mlflow.get_tracking_uri()
                 return download_version(store, registered, version, dest, self.artifact_roots)
             except BaseException:
@@ -299,6 +315,8 @@ class AdapterManager:
         except ValueError as exc:
             raise AdapterRejected(str(exc)) from exc
         except OSError as exc:  # the artifact store away (a network share, an object store)
+            if _disk_full(exc):
+                raise  # `load` names the full disk
             raise AdapterUnavailable(f"could not fetch {uri} ({exc}); retry") from exc
 
 
@@ -357,6 +375,23 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it: MLflow and shutil wrap the OSError) is a full disk or quota."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        error = todo.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
+            return True
+        todo += [error.__cause__, error.__context__]
+    return False
 
 
 def _check_name(name: str) -> None:

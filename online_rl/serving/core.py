@@ -3,11 +3,14 @@
 `InferenceCore` tokenizes a chat or a raw prompt, checks its length, leases the adapter version
 that serves the requested model, streams the engine's tokens as text and, once the completion is
 finished, hands an `Interaction` (token ids, the policy's per-token log-probabilities, sampling
-parameters, version) to the interaction logger. The service layer only maps HTTP to these calls.
+parameters, version) to the interaction logger, and holds the answer's last chunk until the bus has
+confirmed it (at most `log_confirm_s`; not while the bus is away). The service layer only maps HTTP
+to these calls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -60,11 +63,14 @@ class InferenceCore:
     """Tokenize, generate on a leased version, detokenize, log."""
 
     def __init__(self, engine: Engine, adapters: AdapterManager, tokenizer: Any,
-                 log: InteractionLogger | None) -> None:
+                 log: InteractionLogger | None, log_confirm_s: float = 0.0) -> None:
         self.engine = engine
         self.adapters = adapters
         self.tokenizer = tokenizer
         self.log = log
+        self.log_confirm_s = log_confirm_s
+        self.unconfirmed = 0  # answers sent before the bus confirmed their record (the bus was away)
+        self._confirm_paused_until = 0.0
 
     @property
     def base_model(self) -> str:
@@ -121,13 +127,16 @@ class InferenceCore:
                         continue
                     completion = str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
                     piece = text.push(delta.token_ids) + text.flush() if text is not None else completion
+                    # The record before the answer's last bytes: a process killed after a client has
+                    # its answer has logged it (the wait is skipped while the bus is away).
+                    await self._record(prep, version, completion, token_ids, logprobs, delta.finish_reason,
+                                       started)
                     yield version, Chunk(piece, delta.finish_reason, len(prep.prompt_token_ids),
                                          len(token_ids))
-                    self._record(prep, version, completion, token_ids, logprobs, delta.finish_reason, started)
                     return
 
-    def _record(self, prep: Prepared, version: str | None, completion: str, token_ids: list[int],
-                logprobs: list[float], finish_reason: str, started: float) -> None:
+    async def _record(self, prep: Prepared, version: str | None, completion: str, token_ids: list[int],
+                      logprobs: list[float], finish_reason: str, started: float) -> None:
         if self.log is None:
             return
         try:
@@ -143,4 +152,23 @@ class InferenceCore:
             logger.exception("interaction %s could not be recorded", prep.request_id)
             self.log.stats.dropped += 1
             return
-        self.log.log(interaction)
+        if self.log_confirm_s <= 0 or not self.log.healthy or time.monotonic() < self._confirm_paused_until:
+            self.log.log(interaction)
+            return
+        loop = asyncio.get_running_loop()
+        confirmed = loop.create_future()
+
+        def settle() -> None:
+            if not confirmed.done():
+                confirmed.set_result(None)
+
+        def on_logged() -> None:
+            loop.call_soon_threadsafe(settle)
+
+        if self.log.log(interaction, on_logged):
+            try:
+                await asyncio.wait_for(asyncio.shield(confirmed), self.log_confirm_s)
+                return
+            except TimeoutError:  # the bus is slow or going away: answer the next ones at once for a while
+                self._confirm_paused_until = time.monotonic() + 10 * self.log_confirm_s
+        self.unconfirmed += 1

@@ -3,7 +3,10 @@
 `log()` never blocks and never fails a request: it encodes the event and appends it to a bounded
 buffer. A thread produces what is buffered and flushes; on failure (the bus is down) it keeps the
 records, waits with exponential backoff and retries, so nothing accepted into the buffer is lost
-while the service runs. When the buffer is full a new interaction is dropped and counted (the
+while the service runs. What a SIGKILL of the process loses is the buffer: the serving core therefore
+holds an answer's last bytes until its record is confirmed (`on_logged`, at most
+`inference.log_confirm_s`, and only while the bus is healthy), so an answer a client received is an
+interaction on the topic. When the buffer is full a new interaction is dropped and counted (the
 answer was still served). Delivery is at least once: a retry after an unconfirmed flush can write
 a record twice, and the joiner de-duplicates interactions by request id.
 """
@@ -14,6 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from online_rl.bus import Bus, Producer
@@ -42,7 +46,7 @@ class InteractionLogger:
         self._flush_timeout = flush_timeout_s
         self._max_backoff = max_backoff_s
         self._batch = batch
-        self._buffer: deque[tuple[bytes, bytes]] = deque()
+        self._buffer: deque[tuple[bytes, bytes, Callable[[], None] | None]] = deque()
         self._cond = threading.Condition()
         self._closing = False
         self.stats = LogStats()
@@ -50,9 +54,10 @@ class InteractionLogger:
         self._thread = threading.Thread(target=self._run, name="orl-interaction-log", daemon=True)
         self._thread.start()
 
-    def log(self, interaction: Interaction) -> bool:
-        """Queue `interaction` for the bus; False when the buffer is full and it was dropped."""
-        record = (interaction.request_id.encode(), encode(interaction))
+    def log(self, interaction: Interaction, on_logged: Callable[[], None] | None = None) -> bool:
+        """Queue `interaction` for the bus; False when the buffer is full and it was dropped.
+        `on_logged` is called (from the writer thread) once the bus has confirmed it."""
+        record = (interaction.request_id.encode(), encode(interaction), on_logged)
         with self._cond:
             if len(self._buffer) >= self._max or not self._thread.is_alive():
                 self.stats.dropped += 1
@@ -65,6 +70,11 @@ class InteractionLogger:
     def buffered(self) -> int:
         return len(self._buffer)
 
+    @property
+    def healthy(self) -> bool:
+        """The last write was confirmed (False while the bus is away and records wait to be retried)."""
+        return self.last_error is None and self._thread.is_alive()
+
     def _run(self) -> None:
         backoff = 0.1
         while True:
@@ -75,7 +85,7 @@ class InteractionLogger:
                     return
                 chunk = [self._buffer[i] for i in range(min(self._batch, len(self._buffer)))]
             try:
-                for key, value in chunk:
+                for key, value, _ in chunk:
                     self._producer.produce(self._topic, value, key)
                 self._producer.flush(self._flush_timeout)
             except Exception as exc:  # the bus is down or refused: keep the records and retry
@@ -98,6 +108,12 @@ class InteractionLogger:
                 for _ in chunk:
                     self._buffer.popleft()
                 self.stats.logged += len(chunk)
+            for _, _, on_logged in chunk:
+                if on_logged is not None:
+                    try:
+                        on_logged()
+                    except Exception:  # a waiter that went away (its loop closed) must not stop the log
+                        logger.debug("interaction log: a confirmation callback failed", exc_info=True)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is buffered (waiting at most `timeout_s`), then stop."""

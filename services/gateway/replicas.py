@@ -72,6 +72,15 @@ async def _retryable(response: aiohttp.ClientResponse) -> tuple[bool, bytes | No
 _DNS = "dns+"
 
 
+def _message(body: Any) -> str:
+    """The error message of a replica's JSON error answer (or its start), for logs and the status page."""
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:500]
+    return str(body)[:300] if body else ""
+
+
 def _dns_source(url: str) -> tuple[str, str, int]:
     """(scheme, host, port) of a `dns+http://host:port` source."""
     parts = urlsplit(url[len(_DNS):])
@@ -232,8 +241,8 @@ class ReplicaPool:
                         continue
                     status, body = await self._admin(replica, "POST", "/admin/adapters",
                                                      json={"source": source, "name": name})
-                    if status >= 500:
-                        unreachable[replica.url] = f"loading {name}: HTTP {status}"
+                    if status >= 500:  # with the replica's own words (a full disk, MLflow away)
+                        unreachable[replica.url] = f"loading {name}: HTTP {status} {_message(body)}".rstrip()
                         continue
                     if status not in (200, 201):
                         raise ReplicaRefusedVersion(name, f"replica {replica.url} refused {name} from "

@@ -44,7 +44,8 @@ def create_app(settings: Settings, engine: Engine | None = None, bus: Bus | None
                              trusted_signers=settings.mlflow.trusted_signers,
                              artifact_roots=registry_artifact_roots(settings))
     log = InteractionLogger(service_bus, topics.interactions, max_buffer=api.log_buffer)
-    service = InferenceService(settings, InferenceCore(engine, manager, tokenizer, log))
+    core = InferenceCore(engine, manager, tokenizer, log, api.log_confirm_s)
+    service = InferenceService(settings, core)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

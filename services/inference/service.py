@@ -33,6 +33,8 @@ class _Live(Collector):
                 ("orl_interactions_dropped", log.stats.dropped, "Interactions dropped: log buffer full"),
                 ("orl_interaction_log_failures", log.stats.failed_flushes, "Failed bus flushes (retried)"),
                 ("orl_interaction_log_buffered", log.buffered, "Interactions waiting for the bus"),
+                ("orl_interactions_answered_unconfirmed", core.unconfirmed,
+                 "Answers sent before the bus confirmed their record (it was away or slow)"),
             ):
                 yield GaugeMetricFamily(name, text, value=value)
         in_flight = GaugeMetricFamily("orl_inference_in_flight", "Requests running per version",

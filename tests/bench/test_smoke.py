@@ -96,10 +96,12 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
     inside or right after its transaction while users chat and give thumbs; the trainer SIGKILLed
     after a publish's write-ahead checkpoint, between register and alias, and between publish and
     checkpoint, each in a lifetime of its own, then one that finishes; and a fresh trainer with the
-    MLflow server down for 10 s after its first version. Its figures are guarantees, so they are
-    checked."""
+    MLflow server down for 10 s after its first version; and, while users chat through the gateway,
+    a replica SIGKILLed mid hot swap, the gateway SIGKILLed after saving a promotion and again in the
+    middle of telling MLflow, a replica SIGKILLed while serving, and a replica on a full adapter disk.
+    Its figures are guarantees, so they are checked."""
     result = _run("chaos", ["--bootstrap", kafka_bootstrap, "--model", str(tiny_model),
-                            "--model-name", TINY_NAME])
+                            "--model-name", TINY_NAME], timeout_s=840)
     # every event the API acknowledged is on the topic (a retried one may be there twice: same event id,
     # which the joiner counts once); the client's retries hid the failover from its caller
     assert result["broker_cycles"] == 1 and result["broker_leader_kills"] == 1
@@ -121,6 +123,37 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
     assert result["outage_samples_trained"] == result["outage_samples_produced"], result
     assert result["outage_versions_with_overlapping_offsets"] == 0 and result["outage_offset_gaps"] == 0
     assert result["outage_orphan_versions"] == 0, result
+    # serving: every answer a user received is on the interactions topic; no request failed beyond the
+    # client's retry budget through two replica kills and two gateway kills
+    assert result["interactions_answered"] > 50, result
+    assert result["interactions_logged"] == result["interactions_answered"], result
+    assert result["serving_client_errors"] == 0, result
+    assert result["killed_right_after_answering_logged"], result  # the answer waited for its record
+    assert result["replica_killed_mid_swap"], result  # it died with the version's files on its disk...
+    assert result["replica_copies_after_restart"] == {"before": 1, "after": 1}, result  # ...swept on restart
+    # a restarted replica serves what it should within two controller intervals (plus the load itself)
+    assert result["replica_reload_s"] < 2 * result["interval_s"] + 5, result
+    assert result["replica_restart_to_champion_s"] < 2 * result["interval_s"] + 5, result
+    points = [k["point"] for k in result["gateway_kills"]]
+    assert points == ["rollout.after_state_write", "rollout.mid_mlflow"], points
+    assert all(k["sigkill"] for k in result["gateway_kills"]), result["gateway_kills"]
+    first, second = (k["state"] for k in result["gateway_kills"])
+    assert first == {"status": "promoted", "mlflow_pending": "promote", "champion_in_mlflow": "1"}, first
+    assert second == {"champion_in_mlflow": "2", "challenger_in_mlflow": "2"}, second
+    assert result["gateway_recovered"], result["gateway_recovery"]  # aliases, tags, each decision once
+    disk = result["disk_full"]
+    if "skipped" not in disk:  # needs a mount namespace for its small tmpfs
+        assert not disk["loaded_while_full"] and disk["files_left_on_disk"] == [], disk
+        assert disk["error_named_the_disk"] and disk["replica_logged_it"], disk
+        assert disk["disk_freed_to_champion_s"] < 2 * result["interval_s"] + 5, disk
+
+
+def test_the_interaction_log_benchmark_measures_both_sides_and_loses_no_record(kafka_bootstrap: str,
+                                                                              tiny_model: Path) -> None:
+    result = _run("interaction_log", ["--bootstrap", kafka_bootstrap, "--model", str(tiny_model),
+                                      "--model-name", TINY_NAME])
+    assert result["logged_confirm"] == result["logged_at_once"] == result["requests_per_side"] == 5, result
+    assert result["confirm_p50_ms"] > 0 and result["at_once_p50_ms"] > 0, result
 
 
 def test_the_learning_benchmark_runs_on_a_tiny_model(kafka_bootstrap: str, tiny_model: Path,

@@ -89,6 +89,7 @@ class RolloutLoop:
         self._stop = threading.Event()
         self._feed: threading.Thread | None = None
         self._unneeded_since: dict[str, float] = {}
+        self.lagging: dict[str, str] = {}  # replica url -> why it lacks a version it should serve
         self.kl: dict[str, float] = {}  # version -> KL(champion || it), measured by the gate
         state = self.controller.state
         if state is not None and state.active and state.history:  # a restart: keep the gate's KL
@@ -268,12 +269,23 @@ class RolloutLoop:
             if version is not None:
                 needed[self.name(version)] = self._uri(version)
         try:
-            await self.pool.ensure_loaded(needed)
+            self._note_lagging(await self.pool.ensure_loaded(needed))
         except ReplicaRefusedVersion as exc:
             if state is None or not state.active or exc.name != self.name(state.challenger):
                 raise
             await asyncio.to_thread(self.controller.rollback, "controller", f"could not load: {exc}")
         await self._unload_unneeded(set(needed))
+
+    def _note_lagging(self, missing: dict[str, str]) -> None:
+        """Keep (for the status page) and log, once per new reason, the replicas that lack a version
+        they should serve; requests for it fail over to the others meanwhile."""
+        for url, why in missing.items():
+            if self.lagging.get(url) != why:
+                logger.warning("replica %s lacks a version it should serve (%s); retrying every %.0fs",
+                               url, why, self.config.interval_s)
+        for url in set(self.lagging) - set(missing):
+            logger.info("replica %s serves every version it should again", url)
+        self.lagging = dict(missing)
 
     async def _unload_unneeded(self, needed: set[str]) -> None:
         prefix = f"{self.registered}-v"
@@ -354,8 +366,8 @@ class RolloutLoop:
                      "max_step_s": self.plan.max_step_s,
                      "alpha": self.plan.alpha},
             "rollout": None, "arms": {}, "samples_seen": self.samples_seen, "last_error": self.last_error,
-            "replicas": [{"url": r.url, "down": r.down_until > self.pool.clock(), "failures": r.failures}
-                         for r in self.pool.replicas],
+            "replicas": [{"url": r.url, "down": r.down_until > self.pool.clock(), "failures": r.failures,
+                          "lacking": self.lagging.get(r.url)} for r in self.pool.replicas],
         }
         if state is None:
             return body

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from online_rl.faults import failpoint
 from online_rl.registry import alias_version
 from online_rl.rollout.errors import RolloutConflict
 from online_rl.rollout.plan import Decision, Evidence, RolloutPlan, decide
@@ -45,6 +46,8 @@ class RolloutController:
         self.store = store
         self.clock = clock
         self.state = store.load()
+        if self.state is not None:
+            self._complete_audit(self.state)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, challenger: str | None = None, actor: str = "controller",
@@ -177,9 +180,14 @@ class RolloutController:
         return True
 
     def _promote_in_mlflow(self, state: RolloutState, reason: str, evidence: dict[str, Any]) -> None:
+        # Retried after a crash or an outage part way: every call below is idempotent, and the champion
+        # replaced is the one the rollout began against when MLflow already names the challenger.
         name, version = state.registered_model, state.challenger
         previous = alias_version(self.client, name, "champion")
+        if previous == version:
+            previous = state.champion
         self.client.set_registered_model_alias(name, "champion", version)
+        failpoint("rollout.mid_mlflow")
         if alias_version(self.client, name, "challenger") == version:
             self.client.delete_registered_model_alias(name, "challenger")
         self._tag(version, {"rollout.status": "promoted", "rollout.reason": reason,
@@ -209,9 +217,21 @@ class RolloutController:
                  "step": state.step, "weight": state.weight, "evidence": evidence or {}}
         state.history.append(entry)
         self.store.save(state)  # the state first: a crash before the audit line repeats no decision
+        failpoint("rollout.after_state_write")  # (and the restart writes the missing line: _complete_audit)
         self.store.audit(entry)
         logger.info("rollout %s: %s (%s) by %s", state.rollout_id, action, reason, actor,
                     extra={"event": "rollout", **{k: v for k, v in entry.items() if k != "evidence"}})
+
+    def _complete_audit(self, state: RolloutState) -> None:
+        """Append the decisions of `state` that a crash kept out of the audit log (saved to the state
+        file, killed before the audit line): the log then tells every decision once."""
+        logged = {(e.get("rollout_id"), e.get("action"), e.get("at")) for e in self.store.entries()
+                  if e.get("rollout_id") == state.rollout_id}
+        for entry in state.history:
+            if (entry.get("rollout_id"), entry.get("action"), entry.get("at")) not in logged:
+                self.store.audit(entry)
+                logger.warning("rollout %s: the audit log lacked its %s (a crash after the state was "
+                               "saved); written now", state.rollout_id, entry.get("action"))
 
     def _require(self, statuses: tuple[str, ...], verb: str) -> RolloutState:
         if self.state is None or self.state.status not in statuses:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 
 from online_rl.serving import AdapterInfo
+from online_rl.serving.errors import AdapterUnavailable
 from services.inference.deps import AdminDep, ServiceDep
 from services.inference.schemas import AdapterIn, AliasIn
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/admin", tags=["admin"])
+logger = logging.getLogger(__name__)
 
 
 def _info(info: AdapterInfo, aliases: dict[str, str]) -> dict[str, Any]:
@@ -37,7 +40,11 @@ async def load_adapter(body: AdapterIn, service: ServiceDep, admin: AdminDep) ->
     """Load and verify a version, then (with `alias`) point the alias at it: a hot swap. Requests in
     flight finish on the version they started with. A failure leaves serving unchanged."""
     manager = service.core.adapters
-    info = await manager.load(body.source, name=body.name, alias=body.alias)
+    try:
+        info = await manager.load(body.source, name=body.name, alias=body.alias)
+    except AdapterUnavailable as exc:  # retryable, but the operator must see why (a full disk)
+        logger.warning("adapter load of %s failed: %s", body.source, exc)
+        raise
     return _info(info, manager.aliases())
 
 

@@ -53,3 +53,24 @@ def test_answers_continue_while_the_broker_is_down_and_every_interaction_arrives
     on_topic = {i.request_id for i in server.interactions()}
     assert set(served) <= on_topic, set(served) - on_topic
     assert metric(server.url, "orl_interactions_dropped") == 0
+
+
+@pytest.mark.kafka
+def test_an_answer_reaches_its_client_only_once_the_bus_has_its_interaction(
+    make_server: ServerFactory, tiny_model: Path, kafka_bootstrap: str
+) -> None:
+    # A replica SIGKILLed right after answering must have logged what it answered (bench/chaos.py
+    # kills replicas under load and counts); here, each answer arrives after its record is confirmed.
+    server = make_server(tiny_model, "tiny-llama", bus=KafkaBus(kafka_bootstrap))
+    client = server.openai(timeout=60)
+    served = []
+    for i in range(6):
+        if i % 2:
+            served.append(client.completions.create(model="tiny-llama", prompt=f"q{i}", max_tokens=3).id)
+        else:  # streamed: the last chunk waits for the record too
+            stream = client.completions.create(model="tiny-llama", prompt=f"q{i}", max_tokens=3, stream=True)
+            served.append([chunk.id for chunk in stream][-1])
+        assert metric(server.url, "orl_interactions_logged") == i + 1  # no waiting here
+    assert metric(server.url, "orl_interactions_answered_unconfirmed") == 0
+    assert {i.request_id for i in server.interactions()} >= set(served)
+
