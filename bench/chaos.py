@@ -3,7 +3,7 @@ MLflow down while the trainer publishes; what survived, as figures (docs/reliabi
 
     deploy/local/env.sh .venv/bin/python bench/chaos.py [--bootstrap HOST:PORT] [--schedule full|short]
         [--broker-cycles 5] [--joiner-kills 25] [--samples 64] [--outage-s 60]
-        [--model DIR --model-name NAME] [--smoke]
+        [--bus-outage-s 30] [--model DIR --model-name NAME] [--parts a,b,...] [--smoke]
 
 Real components throughout: a three-node KRaft cluster (deploy/local/kafka/cluster.sh: replication 3,
 min.insync.replicas 2) under `online-rl serve feedback`; `online-rl join` and `online-rl trainer`
@@ -11,7 +11,8 @@ processes (the trainer with its Ray runtime) on a Kafka broker (started for the 
 `--bootstrap` names one); an `mlflow server` process (SQLite store, its artifacts served by the server,
 as the chart deploys it) and, unless `--model` names one, a tiny random Llama with the embedded
 tokenizer (what is measured is recovery, not learning). `--smoke` (CI's): 1 broker cycle (the
-leader), 3 joiner kills, the short trainer schedule, 40 samples, a 10 s outage.
+leader), 3 joiner kills, the short trainer schedule, 40 samples, a 10 s MLflow outage, a 10 s bus
+outage.
 
 **Broker loss.** Users post thumbs through the feedback API at up to 25/s with the project's client
 (`online_rl.client.FeedbackClient`: a 503 or a dropped connection is retried with the same event id)
@@ -51,7 +52,19 @@ down), `outage_publish_failures`, `outage_trainer_exit` (0: it never stopped), `
 (from the server's return to the next version), `outage_metric_rows_missing` (steps without their
 `loss` row in MLflow at the end) and the same tiling checks as above (`outage_*`).
 
-The last line is one JSON object with those figures, `seconds` and the machine.
+**Serving** (bench/chaos_serving.py has the schedule): users chat through `online-rl serve gateway`
+and two `online-rl serve inference` replicas while a replica is SIGKILLed mid hot swap
+(`serving.mid_load`), the gateway after saving a promotion (`rollout.after_state_write`) and mid
+MLflow (`rollout.mid_mlflow`), a replica the instant after answering, and a replica is restarted on a
+full adapter disk. Figures: `interactions_answered` = `interactions_logged`, `serving_client_errors`
+0, `gateway_recovered`, `replica_reload_s`, `replica_restart_to_champion_s`, `disk_full`, ...
+
+**Bus outage**: every node of a three-node cluster SIGKILLed at once for `--bus-outage-s` (smoke: 10)
+under the whole loop (users chatting with a replica and posting thumbs, the joiner, the trainer);
+`ready_after_broker_s`: per component, the seconds from the nodes' return to its work done again.
+
+`--parts` runs some of brokers, joiner, trainer, outage, bus, serving (default: all). The last line is
+one JSON object with those figures, `seconds` and the machine.
 """
 
 from __future__ import annotations
@@ -96,9 +109,9 @@ FIELDS: tuple[str, ...] = (
     "serving_requests", "serving_client_errors", "serving_retried", "serving_longest_stall_s",
     "replica_killed_mid_swap", "replica_copies_after_restart", "replica_reload_s", "gateway_kills",
     "gateway_recovered", "gateway_recovery", "gateway_down_s", "replica_restart_to_champion_s", "disk_full",
-    "interval_s",
+    "interval_s", "bus_outage_s", "ready_after_broker_s",
 )
-PARTS = ("brokers", "joiner", "trainer", "outage", "serving")
+PARTS = ("brokers", "joiner", "trainer", "outage", "serving", "bus")
 BATCH, PUBLISH_EVERY = 4, 8
 PREFERRED, AVOIDED = 1000, 2000
 
@@ -580,6 +593,139 @@ def _broker_traffic(bootstrap: str, cluster: Any, root: Path, cycles: int, rate:
             "feedback_longest_stall_s": round(max(gaps), 2) if gaps else None}
 
 
+def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: float, rate: float = 4.0,
+               seed: int = 5) -> dict[str, Any]:
+    """Every node of a three-node cluster SIGKILLed at once for `outage_s` while the whole loop runs on
+    it (users chatting with an inference replica and posting thumbs through the feedback API, the
+    joiner, the trainer); then all restarted. The seconds each component takes, from the cluster's
+    return, to do its work again: `ready_after_broker_s` (target 30 s each)."""
+    import httpx
+
+    from bench.chaos_serving import Service
+    from online_rl.client import FeedbackClient, FeedbackRejected
+    from online_rl.ingest import new_key
+
+    env = {**os.environ, "ORL_KAFKA_CLUSTER_PORT": str(_free_port_block()),
+           "ORL_KAFKA_CLUSTER_RUN": str(root / "bus-cluster")}
+
+    def cluster(*args: str) -> str:
+        return subprocess.run(["bash", str(CLUSTER), *args], env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    bootstrap = cluster("start").splitlines()[-1]
+    prefix, work = f"u{uuid.uuid4().hex[:8]}", root / "bus"
+    topics, bus = _topics(bootstrap, prefix)
+    (up_key, up_digest), (fb_key, fb_digest) = new_key(), new_key()
+    common = {"ORL_KAFKA__BOOTSTRAP_SERVERS": bootstrap, "ORL_BUS__TOPIC_PREFIX": prefix,
+              "ORL_BUS__PARTITIONS": "2", "ORL_MODEL__PATH": str(model[0]), "ORL_MODEL__NAME": model[1],
+              "ORL_LOG_FORMAT": "json"}
+    replica = Service("inference", common | {
+        "ORL_CACHE_DIR": str(work / "replica"), "ORL_INFERENCE__ENGINE": "transformers",
+        "ORL_INFERENCE__MAX_MODEL_LEN": "512",
+        "ORL_INFERENCE__API_KEYS": json.dumps([f"{up_digest} inference"])},
+        root / "bus-replica.log")
+    feedback = Service("feedback", common | {
+        "ORL_CACHE_DIR": str(work / "feedback"), "ORL_FEEDBACK_API__API_KEYS": json.dumps([fb_digest])},
+        root / "bus-feedback.log")
+    joiner_log = open(root / "bus-joiner.log", "ab")  # noqa: SIM115 (the joiner's, for its lifetime)
+    joiner = subprocess.Popen([sys.executable, "-m", "online_rl.cli", "join"], stdout=joiner_log,
+                              stderr=joiner_log, env={**os.environ, **common, "ORL_JOIN__WINDOW_S": "1",
+                                                      "ORL_CACHE_DIR": str(work / "joiner")})
+    trainer_env = _trainer_env(bootstrap, model, work / "trainer", prefix, mlflow_url, "chaos-bus")
+    trainer = TrainerProcess(trainer_env | {"ORL_TRAINER__PUBLISH_EVERY_SAMPLES": "1000000"}, [],
+                             root / "bus-trainer.log")
+    accepted: list[float] = []  # when each thumb was acknowledged
+    stop = threading.Event()
+    rng = random.Random(seed)
+
+    def users() -> None:  # chat with the replica, then a thumb through the feedback API on the answer
+        with (httpx.Client(timeout=60, headers={"Authorization": f"Bearer {up_key}"}) as chat,
+              FeedbackClient(feedback.url, fb_key, timeout=30, max_attempts=50) as thumbs):
+            i = 0
+            while not stop.is_set():
+                user = f"user-{i % 20}"
+                body = {"model": model[1], "max_tokens": 4, "user": user,
+                        "messages": [{"role": "user", "content": f"question {i}"}]}
+                with contextlib.suppress(httpx.HTTPError, FeedbackRejected, KeyError):
+                    answer = chat.post(replica.url + "/v1/chat/completions", json=body).json()
+                    thumbs.thumbs(answer["request_id"], user_id=user, up=rng.random() < 0.5)
+                    accepted.append(time.monotonic())
+                i += 1
+                stop.wait(rng.expovariate(rate))
+
+    feeder = threading.Thread(target=users, daemon=True)
+    steps: list[float] = []
+
+    def watch_trainer() -> None:
+        while (got := trainer.next_event(3600)) is not None and got[1].get("event") != "exited":
+            if got[1].get("event") == "step":
+                steps.append(got[0])
+
+    watcher = threading.Thread(target=watch_trainer, daemon=True)
+    watcher.start()
+
+    def samples_end() -> int:
+        return sum(bus.end_offsets(topics.samples).values())
+
+    def log_healthy() -> bool:
+        body = httpx.get(replica.url + "/readyz", timeout=5).json()
+        return body.get("interaction_log_error") is None and body.get("interaction_log_buffered") == 0
+
+    ready: dict[str, float | None] = {}
+    try:
+        replica.start()
+        feedback.start()
+        feeder.start()
+        deadline = time.monotonic() + 600
+        while not steps and time.monotonic() < deadline:  # the whole loop runs: a trained step
+            time.sleep(1)
+        if not steps:
+            raise SystemExit(f"bus outage: the trainer trained no step (log: {root / 'bus-trainer.log'})")
+        samples_before = samples_end()  # nothing can be written while the nodes are down
+        for node in (1, 2, 3):
+            cluster("kill", str(node))
+        down_at = time.monotonic()
+        time.sleep(outage_s)
+        cluster("restart", "1", "2", "3")
+        back = time.monotonic()
+        print(f"bus outage: all nodes down {back - down_at:.1f}s", flush=True)
+        checks = {"feedback_api": lambda: any(a > back for a in accepted),
+                  "inference": log_healthy,
+                  "joiner": lambda: samples_end() > samples_before,
+                  "trainer": lambda: any(t > back for t in steps)}
+        deadline = back + 180
+        while len(ready) < len(checks) and time.monotonic() < deadline:
+            for name, check in checks.items():
+                if name not in ready:
+                    with contextlib.suppress(Exception):
+                        if check():
+                            ready[name] = round(time.monotonic() - back, 1)
+            time.sleep(0.25)
+        ready |= {name: None for name in checks if name not in ready}  # not ready within 180 s
+        for name, log in (("trainer", "bus-trainer.log"), ("joiner", "bus-joiner.log")):
+            if ready[name] is None:
+                tail = (root / log).read_text(errors="replace").splitlines()[-25:]
+                print(f"bus outage: the {name} did not work again within 180 s; its log ends:", *tail,
+                      sep="\n", flush=True)
+    finally:
+        stop.set()
+        feeder.join(timeout=60)
+        trainer.process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(SystemExit):
+            trainer.wait(120)
+        joiner.send_signal(signal.SIGTERM)
+        try:
+            joiner.wait(60)
+        except subprocess.TimeoutExpired:
+            joiner.kill()
+        joiner_log.close()
+        replica.stop()
+        feedback.stop()
+        bus.close()
+        cluster("stop")
+    return {"bus_outage_s": round(back - down_at, 1), "ready_after_broker_s": ready}
+
+
 def _free_port_block() -> int:
     """A first port p such that p..p+2 and p+100..p+102 are free (a cluster's ports)."""
     for _ in range(50):
@@ -602,6 +748,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--outage-s", type=float, default=60.0)
     parser.add_argument("--joiner-kills", type=int, default=25)
+    parser.add_argument("--bus-outage-s", type=float, default=30.0,
+                        help="how long every Kafka node stays down in the bus part")
     parser.add_argument("--broker-cycles", type=int, default=5)
     parser.add_argument("--model", type=Path, help="the model (default: a tiny random Llama)")
     parser.add_argument("--model-name", default="tiny-llama")
@@ -614,7 +762,7 @@ def main() -> None:
         parser.error(f"--parts: {', '.join(sorted(unknown))} is not a part; the parts are {', '.join(PARTS)}")
     if args.smoke:
         args.schedule, args.samples, args.outage_s = "short", 40, 10.0
-        args.joiner_kills, args.broker_cycles = 3, 1
+        args.joiner_kills, args.broker_cycles, args.bus_outage_s = 3, 1, 10.0
     started = time.monotonic()
     with (tempfile.TemporaryDirectory(prefix="orl-bench-chaos-") as tmp,
           kafka_broker(args.bootstrap) as bootstrap):
@@ -641,6 +789,9 @@ def main() -> None:
                                       FULL if args.schedule == "full" else SHORT, args.samples)
             if "outage" in parts:
                 result |= mlflow_outage(bootstrap, model, root, server, args.outage_s)
+            if "bus" in parts:
+                result |= bus_outage(root, model, server.url, args.bus_outage_s)
+                print(f"bus: {result}", flush=True)
             if "serving" in parts:
                 result |= serving_faults(bootstrap, model, root / "serving", server.url)
                 print(f"serving: {result}", flush=True)

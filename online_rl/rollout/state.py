@@ -60,8 +60,12 @@ class RolloutStore:
         os.replace(staging, self.state_path)
 
     def audit(self, entry: dict[str, Any]) -> None:
-        with self.audit_path.open("a") as handle:
-            handle.write(json.dumps(entry, sort_keys=True) + "\n")
+        with self.audit_path.open("a+b") as handle:
+            if handle.tell() > 0:  # after a line a crash tore, start a line of its own
+                handle.seek(-1, os.SEEK_END)
+                if handle.read(1) != b"\n":
+                    handle.write(b"\n")
+            handle.write((json.dumps(entry, sort_keys=True) + "\n").encode())
             handle.flush()
             os.fsync(handle.fileno())
 

@@ -98,7 +98,8 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
     checkpoint, each in a lifetime of its own, then one that finishes; and a fresh trainer with the
     MLflow server down for 10 s after its first version; and, while users chat through the gateway,
     a replica SIGKILLed mid hot swap, the gateway SIGKILLed after saving a promotion and again in the
-    middle of telling MLflow, a replica SIGKILLed while serving, and a replica on a full adapter disk.
+    middle of telling MLflow, a replica SIGKILLed while serving, and a replica on a full adapter disk;
+    and every Kafka node down at once for 10 s under the whole loop.
     Its figures are guarantees, so they are checked."""
     result = _run("chaos", ["--bootstrap", kafka_bootstrap, "--model", str(tiny_model),
                             "--model-name", TINY_NAME], timeout_s=840)
@@ -141,6 +142,10 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
     assert first == {"status": "promoted", "mlflow_pending": "promote", "champion_in_mlflow": "1"}, first
     assert second == {"champion_in_mlflow": "2", "challenger_in_mlflow": "2"}, second
     assert result["gateway_recovered"], result["gateway_recovery"]  # aliases, tags, each decision once
+    # every node of the cluster down at once: each component works again within 30 s of its return
+    ready = result["ready_after_broker_s"]
+    assert set(ready) == {"feedback_api", "inference", "joiner", "trainer"}, ready
+    assert all(s is not None and s <= 30 for s in ready.values()), ready
     disk = result["disk_full"]
     if "skipped" not in disk:  # needs a mount namespace for its small tmpfs
         assert not disk["loaded_while_full"] and disk["files_left_on_disk"] == [], disk

@@ -145,3 +145,35 @@ def test_a_rejected_version_is_never_running_and_an_unknown_one_is_refused(clien
     assert client.get_model_version("policy", "2").tags["rollout.status"] == "rolled_back"
     aliases = client.get_registered_model("policy").aliases
     assert {k: str(v) for k, v in aliases.items()} == {"champion": "1"}
+
+
+def test_a_promotion_cut_short_after_the_state_write_or_mid_mlflow_is_finished_once_on_restart(
+        client: Any, tmp_path: Path) -> None:
+    # What a SIGKILL leaves at `rollout.after_state_write` (bench/chaos.py kills a real gateway there):
+    # the promotion saved to the state file, with neither its audit line nor MLflow written.
+    clock, store = Clock(), RolloutStore(tmp_path / "rollout")
+    controller = RolloutController(client, "policy", PLAN, store, clock)
+    state = controller.start("2")
+    clock.now += 5
+    state.status, state.weight, state.mlflow_pending = "promoted", 1.0, "promote"
+    state.history.append({"at": clock.now, "rollout_id": state.rollout_id, "version": "2",
+                          "action": "promote", "reason": "promoted by hand", "actor": "alice",
+                          "status": "promoted", "step": 0, "weight": 1.0, "evidence": {}})
+    store.save(state)
+    with store.audit_path.open("a") as audit:
+        audit.write('{"torn": ')  # and a line torn by the crash
+    # ... then at `rollout.mid_mlflow`: the next controller moved `champion` and died there
+    client.set_registered_model_alias("policy", "champion", "2")
+
+    again = RolloutController(client, "policy", PLAN, store, clock)
+    assert [e["action"] for e in store.entries()] == ["start", "promote"]  # the missing line, once
+    assert again.sync_mlflow() and again.state is not None and again.state.mlflow_pending is None
+    assert str(client.get_model_version_by_alias("policy", "champion").version) == "2"
+    with pytest.raises(Exception, match="challenger"):
+        client.get_model_version_by_alias("policy", "challenger")
+    tags = client.get_model_version("policy", "2").tags
+    # the champion it replaced is the rollout's, not the alias it had already moved
+    assert tags["rollout.status"] == "promoted" and tags["rollout.replaced"] == "1", tags
+    assert client.get_model_version("policy", "1").tags["rollout.superseded_by"] == "2"
+    RolloutController(client, "policy", PLAN, store, clock)  # a third start adds nothing
+    assert [e["action"] for e in store.entries()] == ["start", "promote"]

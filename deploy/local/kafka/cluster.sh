@@ -4,7 +4,8 @@
 #
 #   deploy/local/kafka/cluster.sh start|stop|status|bootstrap|reset
 #   deploy/local/kafka/cluster.sh kill N       SIGKILL node N (1-3), as a lost machine would die
-#   deploy/local/kafka/cluster.sh restart N    start node N again on its data (after kill)
+#   deploy/local/kafka/cluster.sh restart N [N...]   start nodes again on their data (after kill; all
+#                                               of them at once when the whole quorum was lost)
 #
 # The jars are kafka.sh's (fetched once from Maven Central). Environment:
 #   ORL_KAFKA_CLUSTER_PORT  first client port (default 29092): nodes listen on it, +1, +2; their
@@ -127,12 +128,16 @@ kill_node() {
   info "node $1 killed (SIGKILL)"
 }
 
-restart_node() {
-  local n=$1
-  echo $(( $(grep -c "Kafka Server started" "$run/node-$n/broker.log" 2>/dev/null || true) + 1 )) > "$run/node-$n/starts"
-  launch "$n"
-  wait_ready "$n"
-  info "node $n back"
+restart_nodes() {  # all launched before any is waited for: a lone node of a dead quorum cannot start
+  local n
+  for n in "$@"; do
+    echo $(( $(grep -c "Kafka Server started" "$run/node-$n/broker.log" 2>/dev/null || true) + 1 )) > "$run/node-$n/starts"
+    launch "$n"
+  done
+  for n in "$@"; do
+    wait_ready "$n"
+    info "node $n back"
+  done
 }
 
 stop() {
@@ -158,7 +163,9 @@ case "${1:-}" in
           done ;;
   bootstrap) bootstrap ;;
   kill) [[ "${2:-}" =~ ^[123]$ ]] || die "kill N: N is 1, 2 or 3"; kill_node "$2" ;;
-  restart) [[ "${2:-}" =~ ^[123]$ ]] || die "restart N: N is 1, 2 or 3"; restart_node "$2" ;;
+  restart) shift; [ $# -ge 1 ] || die "restart N [N...]: N is 1, 2 or 3"
+    for n in "$@"; do [[ "$n" =~ ^[123]$ ]] || die "restart N [N...]: N is 1, 2 or 3 (got $n)"; done
+    restart_nodes "$@" ;;
   reset) stop; rm -rf "$run"; info "removed $run" ;;
   *) echo "usage: $0 start|stop|status|bootstrap|kill N|restart N|reset" >&2; exit 2 ;;
 esac
