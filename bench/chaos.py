@@ -2,7 +2,7 @@
 MLflow down while the trainer publishes; what survived, as figures (docs/reliability.md).
 
     deploy/local/env.sh .venv/bin/python bench/chaos.py [--bootstrap HOST:PORT] [--schedule full|short]
-        [--broker-cycles 5] [--joiner-kills 25] [--samples 64] [--outage-s 60]
+        [--broker-cycles 5] [--joiner-kills 25] [--samples 64] [--outage-s 120]
         [--bus-outage-s 30] [--model DIR --model-name NAME] [--parts a,b,...] [--smoke]
 
 Real components throughout: a three-node KRaft cluster (deploy/local/kafka/cluster.sh: replication 3,
@@ -11,8 +11,8 @@ processes (the trainer with its Ray runtime) on a Kafka broker (started for the 
 `--bootstrap` names one); an `mlflow server` process (SQLite store, its artifacts served by the server,
 as the chart deploys it) and, unless `--model` names one, a tiny random Llama with the embedded
 tokenizer (what is measured is recovery, not learning). `--smoke` (CI's): 1 broker cycle (the
-leader), 3 joiner kills, the short trainer schedule, 40 samples, a 10 s MLflow outage, a 10 s bus
-outage.
+leader), 3 joiner kills, the short trainer schedule, 40 samples, a 10 s MLflow outage, a 30 s bus
+outage (longer than a transaction's commit timeout).
 
 **Broker loss.** Users post thumbs through the feedback API at up to 25/s with the project's client
 (`online_rl.client.FeedbackClient`: a 503 or a dropped connection is retried with the same event id)
@@ -59,7 +59,7 @@ MLflow (`rollout.mid_mlflow`), a replica the instant after answering, and a repl
 full adapter disk. Figures: `interactions_answered` = `interactions_logged`, `serving_client_errors`
 0, `gateway_recovered`, `replica_reload_s`, `replica_restart_to_champion_s`, `disk_full`, ...
 
-**Bus outage**: every node of a three-node cluster SIGKILLed at once for `--bus-outage-s` (smoke: 10)
+**Bus outage**: every node of a three-node cluster SIGKILLed at once for `--bus-outage-s` (smoke: 30 too)
 under the whole loop (users chatting with a replica and posting thumbs, the joiner, the trainer);
 `ready_after_broker_s`: per component, the seconds from the nodes' return to its work done again.
 
@@ -746,7 +746,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", help="a Kafka broker (default: a local one started for the run)")
     parser.add_argument("--schedule", choices=("full", "short"), default="full")
     parser.add_argument("--samples", type=int, default=64)
-    parser.add_argument("--outage-s", type=float, default=60.0)
+    parser.add_argument("--outage-s", type=float, default=120.0)
     parser.add_argument("--joiner-kills", type=int, default=25)
     parser.add_argument("--bus-outage-s", type=float, default=30.0,
                         help="how long every Kafka node stays down in the bus part")
@@ -762,7 +762,7 @@ def main() -> None:
         parser.error(f"--parts: {', '.join(sorted(unknown))} is not a part; the parts are {', '.join(PARTS)}")
     if args.smoke:
         args.schedule, args.samples, args.outage_s = "short", 40, 10.0
-        args.joiner_kills, args.broker_cycles, args.bus_outage_s = 3, 1, 10.0
+        args.joiner_kills, args.broker_cycles, args.bus_outage_s = 3, 1, 30.0
     started = time.monotonic()
     with (tempfile.TemporaryDirectory(prefix="orl-bench-chaos-") as tmp,
           kafka_broker(args.bootstrap) as bootstrap):

@@ -144,6 +144,9 @@ class KafkaBus(Bus):
                 _, high = probe.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=10)
                 out[TopicPartition(topic, p)] = int(high)
             return out
+        except ck.KafkaException as exc:  # the brokers away, or a leader not caught up after a return
+            why = exc.args[0].str() if exc.args else str(exc)
+            raise BusUnavailable(f"could not read where {topic} ends: {why}") from exc
         finally:
             probe.close()
 
@@ -152,6 +155,20 @@ class KafkaBus(Bus):
 
     def consumer(self, group_id: str, auto_offset_reset: str = "earliest") -> Consumer:
         return _KafkaConsumer(self.bootstrap_servers, self._consumer_extra, group_id, auto_offset_reset)
+
+
+def _producer_error(exc: ck.KafkaException, what: str) -> BusError:
+    """The bus's error for a producer's KafkaException: fenced (a newer instance took the transactional
+    id), broken (any other fatal error: only a new instance can go on), or unavailable (retriable)."""
+    error = exc.args[0] if exc.args and isinstance(exc.args[0], ck.KafkaError) else None
+    text = error.str() if error is not None else str(exc)
+    if error is not None and error.fatal():
+        if error.code() in _FENCED_CODES:
+            return ProducerFenced(f"{what}: transactional producer is fenced: {text}")
+        return ProducerBroken(f"{what}: the producer hit a fatal error: {text}")
+    if error is not None and error.code() in (ck.KafkaError._STATE, ck.KafkaError.INVALID_TXN_STATE):
+        return ProducerBroken(f"{what}: the producer's transaction state is unusable: {text}")
+    return BusUnavailable(f"{what}: {text}")
 
 
 class _KafkaProducer(Producer):
@@ -198,6 +215,8 @@ class _KafkaProducer(Producer):
                 break
             except BufferError:
                 self._p.poll(0.1)  # local queue full: serve delivery reports, then retry
+            except ck.KafkaException as exc:  # a producer in a fatal state refuses every record
+                raise _producer_error(exc, "could not queue a record") from exc
         self._queued += 1
         if self._queued % 1000 == 0:
             self._p.poll(0)
@@ -222,7 +241,10 @@ class _KafkaProducer(Producer):
     def begin_transaction(self) -> None:
         if not self._transactional:
             super().begin_transaction()
-        self._p.begin_transaction()
+        try:
+            self._p.begin_transaction()
+        except ck.KafkaException as exc:
+            raise _producer_error(exc, "could not begin a transaction") from exc
 
     def commit_transaction(
         self, offsets: Mapping[TopicPartition, int], consumer: Consumer, timeout: float = 30.0
@@ -246,13 +268,20 @@ class _KafkaProducer(Producer):
                     raise ProducerFenced(f"transactional producer is fenced: {error.str()}") from exc
                 raise ProducerBroken(f"transactional producer hit a fatal error: {error.str()}") from exc
             if error.txn_requires_abort():
-                self._p.abort_transaction(timeout)
+                try:
+                    self._p.abort_transaction(timeout)
+                except ck.KafkaException as abort:  # e.g. the broker lost the transaction in an outage
+                    raise _producer_error(abort, "the transaction could not be aborted") from exc
                 raise CommitFailed(f"transaction aborted: {error.str()}") from exc
             raise BusUnavailable(f"transaction commit did not complete: {error.str()}") from exc
 
     def abort_transaction(self, timeout: float = 30.0) -> None:
-        self._p.abort_transaction(timeout)
-        self._take()
+        try:
+            self._p.abort_transaction(timeout)
+        except ck.KafkaException as exc:
+            raise _producer_error(exc, "the transaction could not be aborted") from exc
+        finally:
+            self._take()
 
     def close(self) -> None:
         self._p.flush(5)

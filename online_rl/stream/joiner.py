@@ -129,7 +129,9 @@ class Joiner:
                 # its initialisation aborts the transaction if it is still open.
                 self._replace_producer = True
                 raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, ProducerBroken):  # from any call of the step, not only the commit
+                self._replace_producer = True
             if not self._replace_producer:
                 try:
                     self._producer.abort_transaction()
@@ -239,6 +241,8 @@ class Joiner:
             try:
                 self.step()
             except (CommitFailed, BusUnavailable, ProducerBroken) as exc:
+                if isinstance(exc, ProducerBroken):  # wherever it broke: only a new instance can go on
+                    self._replace_producer = True
                 self.retries += 1
                 logger.warning("joiner step refused (%s); rewound to the committed offsets, carrying on",
                                exc, extra={"event": "step_refused", "reason": str(exc)})

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from online_rl.algos import AdaptiveKLController, balanced_weights
 from online_rl.algos.anchor import adapt_anchor_coef
-from online_rl.bus import Bus, CommitFailed, DeadLetters, TopicPartition, open_bus
+from online_rl.bus import Bus, BusError, CommitFailed, DeadLetters, TopicPartition, open_bus
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample
 from online_rl.faults import failpoint
@@ -175,6 +175,7 @@ class Trainer:
         self.config = settings.trainer
         self.bus = bus or open_bus(settings)
         self.topics = settings.topics
+        self._last_lag = 0.0  # what `_lag` reports while the bus cannot say
         self._store: CheckpointStore | None = None  # made when the feedback flow starts
         self.specs = trainer_specs(settings)  # what the workers are built from
         self.ppo_config = self.specs[0].ppo
@@ -633,8 +634,15 @@ class Trainer:
                           "ppo_tokens": float(tokens), "rollouts": float(len(routed.rollouts))}
 
     def _lag(self, state: TrainerState) -> float:
-        ends = self.bus.end_offsets(self.topics.samples)
-        return float(sum(max(0, end - state.offsets.get(tp, 0)) for tp, end in ends.items()))
+        """Samples on the topic not trained yet; while the bus cannot say (it is away), the last figure:
+        a metric never ends a step."""
+        try:
+            ends = self.bus.end_offsets(self.topics.samples)
+        except BusError as exc:
+            logger.warning("trainer lag unknown (%s); reporting the last figure, %.0f", exc, self._last_lag)
+            return self._last_lag
+        self._last_lag = float(sum(max(0, end - state.offsets.get(tp, 0)) for tp, end in ends.items()))
+        return self._last_lag
 
     def request_publish(self) -> None:
         """Publish a version after the current step (or at once when idle), if anything was trained since
