@@ -91,7 +91,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.chaos_serving import serving_faults
-from bench.common import ROOT, emit, kafka_broker, start_cli_service
+from bench.common import ROOT, emit, free_port, kafka_broker, start_cli_service
 
 FULL = ("trainer.mid_step", "checkpoint.mid_write", "trainer.before_publish", "registry.after_register",
         "trainer.after_publish", "trainer.before_commit")
@@ -116,18 +116,12 @@ BATCH, PUBLISH_EVERY = 4, 8
 PREFERRED, AVOIDED = 1000, 2000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class MlflowServer:
     """`mlflow server` in its own process group on a fixed port and store: stopped with SIGKILL and
     started again on the same store, as a crashed pod would be."""
 
     def __init__(self, root: Path) -> None:
-        self.root, self.port = root, _free_port()
+        self.root, self.port = root, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -491,6 +485,18 @@ def joiner_kills(bootstrap: str, root: Path, kills: int, rate: float = 40.0, see
 CLUSTER = ROOT / "deploy" / "local" / "kafka" / "cluster.sh"
 
 
+def _cluster(folder: Path) -> Any:
+    """`cluster.sh <args>` (its stdout) for a three-node cluster of its own: free ports, `folder`."""
+    env = {**os.environ, "ORL_KAFKA_CLUSTER_PORT": str(_free_port_block()),
+           "ORL_KAFKA_CLUSTER_RUN": str(folder)}
+
+    def cluster(*args: str) -> str:
+        return subprocess.run(["bash", str(CLUSTER), *args], env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    return cluster
+
+
 def broker_kills(root: Path, cycles: int, rate: float = 25.0, down_s: float = 8.0,
                  port: int | None = None, seed: int = 3) -> dict[str, Any]:
     """Users post thumbs through the real feedback API (`online-rl serve feedback`) at `rate`/s to a
@@ -499,13 +505,7 @@ def broker_kills(root: Path, cycles: int, rate: float = 25.0, down_s: float = 8.
     acknowledged (202) must be on the topic, once."""
 
 
-    env = {**os.environ, "ORL_KAFKA_CLUSTER_PORT": str(_free_port_block()),
-           "ORL_KAFKA_CLUSTER_RUN": str(root / "cluster")}
-
-    def cluster(*args: str) -> str:
-        return subprocess.run(["bash", str(CLUSTER), *args], env=env, check=True, capture_output=True,
-                              text=True).stdout.strip()
-
+    cluster = _cluster(root / "cluster")
     bootstrap = cluster("start").splitlines()[-1]
     try:
         return _broker_traffic(bootstrap, cluster, root, cycles, rate, down_s, port, seed)
@@ -531,7 +531,7 @@ def _broker_traffic(bootstrap: str, cluster: Any, root: Path, cycles: int, rate:
                    "ORL_BUS__TOPIC_PREFIX": prefix, "ORL_BUS__PARTITIONS": "2",
                    "ORL_FEEDBACK_API__API_KEYS": f'["{digest}"]', "ORL_FEEDBACK_API__RATE_LIMIT_PER_S": "1e9",
                    "ORL_FEEDBACK_API__RATE_BURST": "1e9", "ORL_FEEDBACK_API__USER_CAP": "1000000000"}
-    port = port or _free_port()
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     acked: list[str] = []
     errors: list[str] = []
@@ -605,13 +605,7 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
     from online_rl.client import FeedbackClient, FeedbackRejected
     from online_rl.ingest import new_key
 
-    env = {**os.environ, "ORL_KAFKA_CLUSTER_PORT": str(_free_port_block()),
-           "ORL_KAFKA_CLUSTER_RUN": str(root / "bus-cluster")}
-
-    def cluster(*args: str) -> str:
-        return subprocess.run(["bash", str(CLUSTER), *args], env=env, check=True, capture_output=True,
-                              text=True).stdout.strip()
-
+    cluster = _cluster(root / "bus-cluster")
     bootstrap = cluster("start").splitlines()[-1]
     prefix, work = f"u{uuid.uuid4().hex[:8]}", root / "bus"
     topics, bus = _topics(bootstrap, prefix)

@@ -40,7 +40,6 @@ import random
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -49,17 +48,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT
+from bench.common import ROOT, free_port
 
 __all__ = ["Service", "serving_faults"]
 
 REGISTERED = "policy"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Service:
@@ -67,7 +60,7 @@ class Service:
 
     def __init__(self, kind: str, env: dict[str, str], log: Path, wrap: list[str] | None = None) -> None:
         self.kind, self.env, self.log, self.wrap = kind, env, log, wrap
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
