@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -55,22 +58,39 @@ def test_answers_continue_while_the_broker_is_down_and_every_interaction_arrives
     assert metric(server.url, "orl_interactions_dropped") == 0
 
 
+
+@pytest.mark.slow
 @pytest.mark.kafka
 def test_an_answer_reaches_its_client_only_once_the_bus_has_its_interaction(
-    make_server: ServerFactory, tiny_model: Path, kafka_bootstrap: str
+    make_server: ServerFactory, tiny_model: Path, tmp_path: Path
 ) -> None:
-    # A replica SIGKILLed right after answering must have logged what it answered (bench/chaos.py
-    # kills replicas under load and counts); here, each answer arrives after its record is confirmed.
-    server = make_server(tiny_model, "tiny-llama", bus=KafkaBus(kafka_bootstrap))
-    client = server.openai(timeout=60)
-    served = []
-    for i in range(6):
-        if i % 2:
-            served.append(client.completions.create(model="tiny-llama", prompt=f"q{i}", max_tokens=3).id)
-        else:  # streamed: the last chunk waits for the record too
-            stream = client.completions.create(model="tiny-llama", prompt=f"q{i}", max_tokens=3, stream=True)
-            served.append([chunk.id for chunk in stream][-1])
-        assert metric(server.url, "orl_interactions_logged") == i + 1  # no waiting here
-    assert metric(server.url, "orl_interactions_answered_unconfirmed") == 0
-    assert {i.request_id for i in server.interactions()} >= set(served)
-
+    # A replica SIGKILLed right after answering must have logged what it answered (bench/chaos.py kills
+    # replicas under traffic). Here the broker is frozen (SIGSTOP) for a second around a request: the
+    # default holds the answer until the broker is back and has the record; the control
+    # (`log_confirm_s: 0`) answers while the record still waits in memory, where a SIGKILL would lose it.
+    own = Broker(ORL_KAFKA_RUN=str(tmp_path / "kafka"))
+    own.run("start")
+    try:
+        pid = int((tmp_path / "kafka" / "broker.pid").read_text())
+        held = make_server(tiny_model, "tiny-llama", bus=KafkaBus(own.bootstrap))
+        at_once = make_server(tiny_model, "tiny-llama", bus=KafkaBus(own.bootstrap), log_confirm_s=0.0)
+        seen = {}
+        for name, server in (("held", held), ("at_once", at_once)):
+            client = server.openai(timeout=60)
+            client.completions.create(model="tiny-llama", prompt="warm up", max_tokens=2)
+            deadline = time.monotonic() + 30
+            while metric(server.url, "orl_interactions_logged") < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            os.kill(pid, signal.SIGSTOP)
+            thaw = threading.Timer(1.0, os.kill, (pid, signal.SIGCONT))
+            thaw.start()
+            try:
+                client.completions.create(model="tiny-llama", prompt="while frozen", max_tokens=2)
+                seen[name] = metric(server.url, "orl_interactions_logged")
+            finally:
+                thaw.join()
+                os.kill(pid, signal.SIGCONT)
+        assert seen == {"held": 2, "at_once": 1}, seen
+        assert metric(held.url, "orl_interactions_answered_unconfirmed") == 0
+    finally:
+        own.run("reset")
