@@ -152,23 +152,26 @@ class InferenceCore:
             logger.exception("interaction %s could not be recorded", prep.request_id)
             self.log.stats.dropped += 1
             return
-        if self.log_confirm_s <= 0 or not self.log.healthy or time.monotonic() < self._confirm_paused_until:
+        if self.log_confirm_s <= 0:
             self.log.log(interaction)
+            return
+        if not self.log.healthy or time.monotonic() < self._confirm_paused_until:
+            self.unconfirmed += self.log.log(interaction)  # answered at once: the bus is away or slow
             return
         loop = asyncio.get_running_loop()
         confirmed = loop.create_future()
 
         def settle() -> None:
-            if not confirmed.done():
+            if not confirmed.done():  # (a wait that timed out cancelled it)
                 confirmed.set_result(None)
 
-        def on_logged() -> None:
+        def on_logged() -> None:  # from the writer thread
             loop.call_soon_threadsafe(settle)
 
-        if self.log.log(interaction, on_logged):
-            try:
-                await asyncio.wait_for(asyncio.shield(confirmed), self.log_confirm_s)
-                return
-            except TimeoutError:  # the bus is slow or going away: answer the next ones at once for a while
-                self._confirm_paused_until = time.monotonic() + 10 * self.log_confirm_s
-        self.unconfirmed += 1
+        if not self.log.log(interaction, on_logged):
+            return  # dropped: the buffer is full (counted there)
+        try:
+            await asyncio.wait_for(confirmed, self.log_confirm_s)
+        except TimeoutError:  # the bus is slow or going away: answer the next ones at once for a while
+            self._confirm_paused_until = time.monotonic() + 10 * self.log_confirm_s
+            self.unconfirmed += 1
