@@ -61,10 +61,12 @@ full adapter disk. Figures: `interactions_answered` = `interactions_logged`, `se
 
 **Bus outage**: every node of a three-node cluster SIGKILLed at once for `--bus-outage-s` (smoke: 30 too)
 under the whole loop (users chatting with a replica and posting thumbs, the joiner, the trainer);
-`ready_after_broker_s`: per component, the seconds from the nodes' return to its work done again.
+`ready_after_broker_s`: per component, the seconds from the nodes' return to its work done again
+(the feedback API acknowledges a thumb, the replica's interaction backlog is written, a joiner
+transaction commits what it read, the trainer trains a step).
 
 `--parts` runs some of brokers, joiner, trainer, outage, bus, serving (default: all). The last line is
-one JSON object with those figures, `seconds` and the machine.
+one JSON object with those figures, `part_s` (each part's seconds), `seconds` and the machine.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +112,7 @@ FIELDS: tuple[str, ...] = (
     "serving_requests", "serving_client_errors", "serving_retried", "serving_longest_stall_s",
     "replica_killed_mid_swap", "replica_copies_after_restart", "replica_reload_s", "gateway_kills",
     "gateway_recovered", "gateway_recovery", "gateway_down_s", "replica_restart_to_champion_s", "disk_full",
-    "interval_s", "bus_outage_s", "ready_after_broker_s",
+    "interval_s", "bus_outage_s", "ready_after_broker_s", "part_s",
 )
 PARTS = ("brokers", "joiner", "trainer", "outage", "serving", "bus")
 BATCH, PUBLISH_EVERY = 4, 8
@@ -602,6 +605,7 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
     import httpx
 
     from bench.chaos_serving import Service
+    from online_rl.bus import TopicPartition
     from online_rl.client import FeedbackClient, FeedbackRejected
     from online_rl.ingest import new_key
 
@@ -658,8 +662,11 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
     watcher = threading.Thread(target=watch_trainer, daemon=True)
     watcher.start()
 
-    def samples_end() -> int:
-        return sum(bus.end_offsets(topics.samples).values())
+    inputs = [TopicPartition(t, p) for t in (topics.interactions, topics.feedback) for p in range(2)]
+    watcher_of_joiner = bus.consumer("orl-joiner")  # reads the group's commits; never subscribes
+
+    def joiner_committed() -> int:  # the input records the joiner has joined and committed, in all
+        return sum(o or 0 for o in watcher_of_joiner.committed(inputs).values())
 
     def log_healthy() -> bool:
         body = httpx.get(replica.url + "/readyz", timeout=5).json()
@@ -675,7 +682,7 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
             time.sleep(1)
         if not steps:
             raise SystemExit(f"bus outage: the trainer trained no step (log: {root / 'bus-trainer.log'})")
-        samples_before = samples_end()  # nothing can be written while the nodes are down
+        committed_before = joiner_committed()
         for node in (1, 2, 3):
             cluster("kill", str(node))
         down_at = time.monotonic()
@@ -685,7 +692,10 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
         print(f"bus outage: all nodes down {back - down_at:.1f}s", flush=True)
         checks = {"feedback_api": lambda: any(a > back for a in accepted),
                   "inference": log_healthy,
-                  "joiner": lambda: samples_end() > samples_before,
+                  # the joiner works again when a transaction of its commits what it read (the end
+                  # offset of the samples topic is no sign: the coordinator's abort marker for the
+                  # transaction the outage cut moves it too)
+                  "joiner": lambda: joiner_committed() > committed_before,
                   "trainer": lambda: any(t > back for t in steps)}
         deadline = back + 180
         while len(ready) < len(checks) and time.monotonic() < deadline:
@@ -697,10 +707,11 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
             time.sleep(0.25)
         ready |= {name: None for name in checks if name not in ready}  # not ready within 180 s
         for name, log in (("trainer", "bus-trainer.log"), ("joiner", "bus-joiner.log")):
-            if ready[name] is None:
-                tail = (root / log).read_text(errors="replace").splitlines()[-25:]
-                print(f"bus outage: the {name} did not work again within 180 s; its log ends:", *tail,
-                      sep="\n", flush=True)
+            took = ready[name]
+            if took is None or took > 30:  # over the target: what it was doing, for the reader
+                tail = (root / log).read_text(errors="replace").splitlines()[-40:]
+                said = "did not work again within 180 s" if took is None else f"took {took} s"
+                print(f"bus outage: the {name} {said}; its log ends:", *tail, sep="\n", flush=True)
     finally:
         stop.set()
         feeder.join(timeout=60)
@@ -715,6 +726,7 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
         joiner_log.close()
         replica.stop()
         feedback.stop()
+        watcher_of_joiner.close()
         bus.close()
         cluster("stop")
     return {"bus_outage_s": round(back - down_at, 1), "ready_after_broker_s": ready}
@@ -772,23 +784,24 @@ def main() -> None:
         server.start()
         try:
             result: dict[str, Any] = {}
-            if "brokers" in parts:
-                result |= broker_kills(root, args.broker_cycles)
-                print(f"brokers: {result}", flush=True)
-            if "joiner" in parts:
-                result |= joiner_kills(bootstrap, root, args.joiner_kills)
-                print(f"joiner: {result}", flush=True)
-            if "trainer" in parts:
-                result |= kill_points(bootstrap, model, root, server,
-                                      FULL if args.schedule == "full" else SHORT, args.samples)
-            if "outage" in parts:
-                result |= mlflow_outage(bootstrap, model, root, server, args.outage_s)
-            if "bus" in parts:
-                result |= bus_outage(root, model, server.url, args.bus_outage_s)
-                print(f"bus: {result}", flush=True)
-            if "serving" in parts:
-                result |= serving_faults(bootstrap, model, root / "serving", server.url)
-                print(f"serving: {result}", flush=True)
+            part_s: dict[str, float] = {}
+            runs: dict[str, Callable[[], dict[str, Any]]] = {
+                "brokers": lambda: broker_kills(root, args.broker_cycles),
+                "joiner": lambda: joiner_kills(bootstrap, root, args.joiner_kills),
+                "trainer": lambda: kill_points(bootstrap, model, root, server,
+                                               FULL if args.schedule == "full" else SHORT, args.samples),
+                "outage": lambda: mlflow_outage(bootstrap, model, root, server, args.outage_s),
+                "bus": lambda: bus_outage(root, model, server.url, args.bus_outage_s),
+                "serving": lambda: serving_faults(bootstrap, model, root / "serving", server.url),
+            }
+            for name in PARTS:
+                if name in parts:
+                    began = time.monotonic()
+                    figures = runs[name]()
+                    part_s[name] = round(time.monotonic() - began, 1)
+                    result |= figures
+                    print(f"{name} ({part_s[name]} s): {figures}", flush=True)
+            result["part_s"] = part_s
         finally:
             server.kill()
     result |= {"seconds": round(time.monotonic() - started, 1), "schedule": args.schedule, "parts": parts}

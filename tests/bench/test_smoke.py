@@ -142,11 +142,12 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
     assert first == {"status": "promoted", "mlflow_pending": "promote", "champion_in_mlflow": "1"}, first
     assert second == {"champion_in_mlflow": "2", "challenger_in_mlflow": "2"}, second
     assert result["gateway_recovered"], result["gateway_recovery"]  # aliases, tags, each decision once
-    # every node of the cluster down at once: each component works again on its own (the target is 30 s;
-    # the joiner once took 32 s after a 46 s outage, docs/reliability.md, so CI checks recovery within 90)
+    # every node of the cluster down at once: each component works again on its own within the issue's
+    # 30 s of the nodes' return (measured 0.4-22.6 s, docs/reliability.md)
     ready = result["ready_after_broker_s"]
     assert set(ready) == {"feedback_api", "inference", "joiner", "trainer"}, ready
-    assert all(s is not None and s <= 90 for s in ready.values()), ready
+    assert all(s is not None and s <= 30 for s in ready.values()), ready
+    assert set(result["part_s"]) == {"brokers", "joiner", "trainer", "outage", "serving", "bus"}, result
     disk = result["disk_full"]
     if "skipped" not in disk:  # needs a mount namespace for its small tmpfs
         assert not disk["loaded_while_full"] and disk["files_left_on_disk"] == [], disk
