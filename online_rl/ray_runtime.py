@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +29,27 @@ def init_ray(settings: Settings) -> None:
     if settings.ray.address:
         ray.init(address=settings.ray.address, logging_level=logging.WARNING)
     else:
-        ray.init(
-            num_cpus=settings.ray.num_cpus,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
-        released = release_affinity()
+        # Ray's processes may start bound to one core (see `release_affinity`); released as they appear,
+        # the runtime starts in about 7 s instead of 11 on the 2-core machine, where it once waited
+        # for its own processes sharing core 0.
+        starting, found = threading.Event(), [0]
+
+        def keep_releasing() -> None:
+            while not starting.wait(0.1):
+                found[0] += release_affinity()
+
+        watcher = threading.Thread(target=keep_releasing, name="orl-ray-affinity", daemon=True)
+        watcher.start()
+        try:
+            ray.init(
+                num_cpus=settings.ray.num_cpus,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+            )
+        finally:
+            starting.set()
+            watcher.join()
+        released = found[0] + release_affinity()
         if released:
             logger.info("ray runtime: %d processes were bound to fewer cores than this one; released",
                         released, extra={"event": "ray_affinity_released"})
