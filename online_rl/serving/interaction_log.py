@@ -1,14 +1,16 @@
 """Logging served interactions to the bus off the request path, with bounded buffering.
 
 `log()` never blocks and never fails a request: it encodes the event and appends it to a bounded
-buffer. A thread produces what is buffered and flushes; on failure (the bus is down) it keeps the
-records, waits with exponential backoff and retries, so nothing accepted into the buffer is lost
-while the service runs. What a SIGKILL of the process loses is the buffer: the serving core therefore
+buffer. A thread produces what is buffered and flushes; on failure it keeps the records and
+retries, so nothing accepted into the buffer is lost while the service runs: records whose
+confirmation timed out (the bus is away) are still being sent by the client, so the next flush waits
+for them (and returns as soon as the bus is back); records refused outright are written again after
+an exponential back-off. What a SIGKILL of the process loses is the buffer: the serving core therefore
 holds an answer's last bytes until its record is confirmed (`on_logged`, at most
 `inference.log_confirm_s`, and only while the bus is healthy), so an answer a client received is an
 interaction on the topic. When the buffer is full a new interaction is dropped and counted (the
-answer was still served). Delivery is at least once: a retry after an unconfirmed flush can write
-a record twice, and the joiner de-duplicates interactions by request id.
+answer was still served). Delivery is at least once: a record the client gave up on after it had
+reached the broker is written again, and the joiner de-duplicates interactions by request id.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from online_rl.bus import Bus, Producer
+from online_rl.bus import Bus, BusUnavailable, Producer
 from online_rl.events import Interaction, encode
 
 __all__ = ["InteractionLogger", "LogStats"]
@@ -77,31 +79,43 @@ class InteractionLogger:
 
     def _run(self) -> None:
         backoff = 0.1
+        # Records at the buffer's head that a flush which timed out left on their way: the client keeps
+        # retrying them, so the next flush waits for them instead of writing them again (it returns as
+        # soon as the bus is back, where a back-off sleep would not notice its return).
+        in_flight = 0
         while True:
             with self._cond:
                 while not self._buffer and not self._closing:
                     self._cond.wait()
                 if not self._buffer:
                     return
-                chunk = [self._buffer[i] for i in range(min(self._batch, len(self._buffer)))]
+                size = in_flight or min(self._batch, len(self._buffer))
+                chunk = [self._buffer[i] for i in range(size)]
             try:
-                for key, value, _ in chunk:
-                    self._producer.produce(self._topic, value, key)
+                if not in_flight:
+                    for key, value, _ in chunk:
+                        self._producer.produce(self._topic, value, key)
+                    in_flight = len(chunk)
                 self._producer.flush(self._flush_timeout)
             except Exception as exc:  # the bus is down or refused: keep the records and retry
+                if not isinstance(exc, BusUnavailable):
+                    in_flight = 0  # refused or never queued: written again after the back-off
                 self.stats.failed_flushes += 1
                 self.last_error = str(exc) or type(exc).__name__
-                logger.warning("interaction log: %d records not confirmed (%s); retrying in %.1fs",
-                               len(chunk), self.last_error, backoff)
+                waiting = "waiting for them" if in_flight else f"retrying in {backoff:.1f}s"
+                logger.warning("interaction log: %d records not confirmed (%s); %s",
+                               len(chunk), self.last_error, waiting)
                 with self._cond:
                     if self._closing and backoff >= self._max_backoff:
                         return  # give up at shutdown once retries have had their time
-                    # New records notify the condition: wait out the backoff regardless.
-                    deadline = time.monotonic() + backoff
+                    # New records notify the condition: wait out the backoff regardless. (Records still
+                    # on their way need no sleep: the next flush waits for them.)
+                    deadline = time.monotonic() + (0 if in_flight else backoff)
                     while not self._closing and (left := deadline - time.monotonic()) > 0:
                         self._cond.wait(left)
                 backoff = min(backoff * 2, self._max_backoff)
                 continue
+            in_flight = 0
             backoff = 0.1
             self.last_error = None
             with self._cond:

@@ -89,6 +89,9 @@ def test_hostile_input_neither_crashes_nor_skews_nor_ships_a_forgery(kafka_boots
     assert result["huge_body_sent_mib"] <= 64, result  # a 1 GiB body is refused early
 
 
+# The short schedule takes 578-649 s on the 2-core machine; a whole CI run there on a slow day (every
+# test 15-30 % slower) cut it at 840 s. The limits leave room for such a day; the figures are the test.
+@pytest.mark.timeout(1320)
 def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
         kafka_bootstrap: str, tiny_model: Path) -> None:
     """bench/chaos.py's short schedule (issue 27): the leader of a three-node Kafka cluster SIGKILLed
@@ -99,10 +102,10 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
     MLflow server down for 10 s after its first version; and, while users chat through the gateway,
     a replica SIGKILLed mid hot swap, the gateway SIGKILLed after saving a promotion and again in the
     middle of telling MLflow, a replica SIGKILLed while serving, and a replica on a full adapter disk;
-    and every Kafka node down at once for 10 s under the whole loop.
+    and every Kafka node down at once for 30 s under the whole loop.
     Its figures are guarantees, so they are checked."""
     result = _run("chaos", ["--bootstrap", kafka_bootstrap, "--model", str(tiny_model),
-                            "--model-name", TINY_NAME], timeout_s=840)
+                            "--model-name", TINY_NAME], timeout_s=1200)
     # every event the API acknowledged is on the topic (a retried one may be there twice: same event id,
     # which the joiner counts once); the client's retries hid the failover from its caller
     assert result["broker_cycles"] == 1 and result["broker_leader_kills"] == 1
