@@ -580,7 +580,8 @@ def _broker_traffic(bootstrap: str, cluster: Any, root: Path, cycles: int, rate:
         time.sleep(2)
     finally:
         stop.set()
-        feeder.join(timeout=60)
+        if feeder.ident is not None:  # started (a SIGTERM may come before)
+            feeder.join(timeout=60)
         server.terminate()
         server.wait(30)
     on_topic: dict[str, int] = {}
@@ -714,7 +715,8 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
                 print(f"bus outage: the {name} {said}; its log ends:", *tail, sep="\n", flush=True)
     finally:
         stop.set()
-        feeder.join(timeout=60)
+        if feeder.ident is not None:  # started (a SIGTERM may come before)
+            feeder.join(timeout=60)
         trainer.process.send_signal(signal.SIGTERM)
         with contextlib.suppress(SystemExit):
             trainer.wait(120)
@@ -766,6 +768,10 @@ def main() -> None:
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if unknown := set(parts) - set(PARTS):
         parser.error(f"--parts: {', '.join(sorted(unknown))} is not a part; the parts are {', '.join(PARTS)}")
+    def stopped(signum: int, _: Any) -> None:  # SIGTERM runs the parts' clean-up (they started processes
+        raise SystemExit(128 + signum)         # of their own: a cluster, an MLflow server, the services)
+
+    signal.signal(signal.SIGTERM, stopped)
     if args.smoke:
         args.schedule, args.samples, args.outage_s = "short", 40, 10.0
         args.joiner_kills, args.broker_cycles, args.bus_outage_s = 3, 1, 30.0

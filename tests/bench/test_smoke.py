@@ -51,8 +51,22 @@ def _free_port() -> int:
 
 def _run(name: str, args: list[str], env: dict[str, str] | None = None, timeout_s: float = 600) -> dict:
     command = ["bash", str(ENV_SH), sys.executable, str(ROOT / "bench" / f"{name}.py"), "--smoke", *args]
-    done = subprocess.run(command, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout_s)
+    with subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # SIGTERM first: the benchmark's own clean-up stops what it started (a Kafka cluster, an
+            # MLflow server: processes of their own, which a SIGKILL of the benchmark would leave behind)
+            process.terminate()
+            try:
+                stdout, stderr = process.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+            raise AssertionError(f"bench/{name}.py --smoke ran over {timeout_s} s:\n"
+                                 f"{(stdout + stderr)[-3000:]}") from None
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     tail = (done.stdout + done.stderr)[-3000:]
     assert done.returncode == 0, f"bench/{name}.py --smoke exited {done.returncode}:\n{tail}"
     lines = [line for line in done.stdout.splitlines() if line.strip()]
