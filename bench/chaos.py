@@ -663,7 +663,8 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
     watcher = threading.Thread(target=watch_trainer, daemon=True)
     watcher.start()
 
-    inputs = [TopicPartition(t, p) for t in (topics.interactions, topics.feedback) for p in range(2)]
+    inputs = [TopicPartition(t, p) for t in (topics.interactions, topics.feedback)
+              for p in range(bus.partitions(t))]
     watcher_of_joiner = bus.consumer("orl-joiner")  # reads the group's commits; never subscribes
 
     def joiner_committed() -> int:  # the input records the joiner has joined and committed, in all

@@ -66,10 +66,9 @@ def _run(name: str, args: list[str], env: dict[str, str] | None = None, timeout_
                 stdout, stderr = process.communicate()
             raise AssertionError(f"bench/{name}.py --smoke ran over {timeout_s} s:\n"
                                  f"{(stdout + stderr)[-3000:]}") from None
-    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-    tail = (done.stdout + done.stderr)[-3000:]
-    assert done.returncode == 0, f"bench/{name}.py --smoke exited {done.returncode}:\n{tail}"
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    tail = (stdout + stderr)[-3000:]
+    assert process.returncode == 0, f"bench/{name}.py --smoke exited {process.returncode}:\n{tail}"
+    lines = [line for line in stdout.splitlines() if line.strip()]
     assert lines, f"bench/{name}.py --smoke printed nothing:\n{tail}"
     result = json.loads(lines[-1])
     missing = missing_fields(result, _fields(name))
