@@ -5,7 +5,8 @@ each keep one copy, and inside a replica the `fsdp` ranks each keep a contiguous
 parameter's shard dimension (`torch.chunk` sizes: ceil(n / fsdp), the last ones shorter or empty).
 Generation splits each parameter as vLLM's tensor parallelism splits a Llama: column-parallel
 projections (q, k, v, gate, up) by output rows, row-parallel ones (o, down) by input columns, the
-vocabulary (embedding, LM head) by rows, norms replicated; key/value heads fewer than the
+vocabulary (embedding, LM head) by rows, norms replicated; a projection's bias (Qwen-style attention
+biases) follows its output rows, so a row-parallel layer's bias is replicated; key/value heads fewer than the
 tensor-parallel size are replicated across the ranks that share them. A LoRA adapter follows its
 layer: a column-parallel layer's B is split like the layer and its A replicated; a row-parallel
 layer's A is split by columns and its B replicated.
@@ -189,6 +190,7 @@ def llama_specs(shapes: Mapping[str, Sequence[int]] | Iterable[tuple[str, Sequen
         parts = name.split(".")
         module = parts[-3] if parts[-2] in ("lora_A", "lora_B") else parts[-2]
         lora = parts[-2] if parts[-2] in ("lora_A", "lora_B") else None
+        bias = parts[-1] == "bias"  # split like its layer's output rows: a row-parallel one replicated
         split: SplitKind = "replicated"
         heads = 0
         if module in ("embed_tokens", "lm_head"):
@@ -197,7 +199,7 @@ def llama_specs(shapes: Mapping[str, Sequence[int]] | Iterable[tuple[str, Sequen
             if lora != "lora_A":
                 split, heads = (("heads", kv_heads) if module in _KV else ("heads", query_heads)
                                 if module == _Q else ("column", 0))
-        elif module in _ROW and lora != "lora_B":
+        elif module in _ROW and lora != "lora_B" and not bias:
             split = "row"
         train_dim = 1 if aligned and split == "row" else 0
         specs.append(ParamSpec(name, tuple(int(n) for n in shape), itemsize, train_dim, split, heads))

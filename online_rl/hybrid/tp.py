@@ -46,6 +46,9 @@ class TensorParallelLlama:
         self.tp_rank, self.tp, self.group, self.ranks = tp_rank, tp, group, list(ranks)
         heads = int(config.num_attention_heads)
         kv = int(config.num_key_value_heads or heads)
+        if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+            raise ConfigError("hybrid.engine=tp does not apply projection biases (the model's config has "
+                              "attention_bias or mlp_bias): set hybrid.engine: vllm for this model")
         if heads % tp:
             raise ConfigError(f"hybrid.tp={tp} must divide the model's {heads} attention heads")
         self.heads = heads // tp

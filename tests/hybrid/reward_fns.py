@@ -33,6 +33,12 @@ def characters(prompt: str, completion: str, meta: dict[str, Any]) -> float:
 
 
 def repetitive(prompt: str, completion: str, meta: dict[str, Any]) -> float:
-    """1 − distinct characters / characters: what a tiny random Llama, which tends to repeat its last
-    token, can learn to do more of within a few steps (the rollout-flow learning tests' signal)."""
+    """1 − distinct characters / characters: varies among a tiny random Llama's answers, so the pipeline
+    tests' groups have advantages to train on (a random model learns nothing from it in a few steps)."""
     return 1.0 - len(set(completion)) / len(completion) if completion else 0.0
+
+
+def alphanumeric(prompt: str, completion: str, meta: dict[str, Any]) -> float:
+    """The share of the completion's characters that are ASCII letters or digits: what the tiny model
+    that prefers single characters (online_rl/models/tiny.py) learns to do more of within ten steps."""
+    return sum(c.isascii() and c.isalnum() for c in completion) / len(completion) if completion else 0.0

@@ -115,6 +115,26 @@ def test_lora_tensors_follow_their_layer() -> None:
         ((0, 8), (0, 48)), ((24, 48), (0, 8)), ((0, 8), (24, 48)), ((0, 48), (0, 8))]
 
 
+def test_projection_biases_follow_their_layers_output_rows() -> None:
+    """Attention biases (Qwen-style models): a column-parallel layer's bias is split like its rows, a
+    row-parallel layer's is whole on every rank (vLLM adds it once, after the reduction); every bias
+    trains sharded along its only dimension."""
+    specs = llama_specs([("model.layers.0.self_attn.q_proj.bias", (48,)),
+                         ("model.layers.0.self_attn.o_proj.bias", (48,)),
+                         ("model.layers.0.mlp.down_proj.bias", (48,))], CONFIG)
+    assert [s.split for s in specs] == ["heads", "replicated", "replicated"]
+    assert [s.train_dim for s in specs] == [0, 0, 0]
+    assert [s.generation_box(2, 1) for s in specs] == [((24, 48),), ((0, 48),), ((0, 48),)]
+
+
+def test_the_tp_engine_refuses_a_model_with_biases_and_names_the_engine_that_serves_it() -> None:
+    from online_rl.hybrid.tp import TensorParallelLlama
+
+    config = LlamaConfig(**(CONFIG.to_dict() | {"attention_bias": True}))
+    with pytest.raises(ConfigError, match=r"hybrid\.engine: vllm"):
+        TensorParallelLlama(config, {}, 0, 1)
+
+
 def test_layouts_that_cannot_work_are_refused_with_the_setting_to_change() -> None:
     specs = llama_specs(_shapes(), CONFIG)
     with pytest.raises(ConfigError, match=r"hybrid\.tp=4 must divide the 6 training ranks"):
