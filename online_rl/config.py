@@ -222,6 +222,12 @@ class JoinSettings(BaseModel):
         "created_at further ahead (and older than retention_s), the joiner takes such an event as dated "
         "this far ahead, so one client's clock cannot close other users' windows.",
     )
+    instance: str = Field(
+        default="0", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$",
+        description="This joiner's name among its replicas: its transactional id is orl-joiner-<instance>, "
+        "so each replica needs its own (the chart uses the pod's name); a restarted replica with the same "
+        "name fences its predecessor.",
+    )
 
 
 class FeedbackApiConfig(BaseModel):

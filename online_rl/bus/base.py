@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -116,9 +116,16 @@ class Producer(abc.ABC):
 
     @abc.abstractmethod
     def produce(
-        self, topic: str, value: bytes | None, key: bytes | None = None, headers: Headers | None = None
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
     ) -> None:
-        """Queue one record (value None: a tombstone). Confirmation comes with `flush`."""
+        """Queue one record (value None: a tombstone). Confirmation comes with `flush`. The partition is
+        the key's (`partition_for`) unless `partition` names one: a task's changelog keeps entries
+        whose keys hash elsewhere on the task's own partition."""
 
     @abc.abstractmethod
     def flush(self, timeout: float = 30.0) -> list[RecordMetadata]:
@@ -250,12 +257,18 @@ class Bus(abc.ABC):
     @abc.abstractmethod
     def consumer(self, group_id: str, auto_offset_reset: str = "earliest") -> Consumer: ...
 
-    def read_all(self, topic: str, timeout: float = 30.0) -> Iterator[Record]:
-        """Every record currently in `topic` (a throw-away consumer; nothing committed).
+    def read_all(
+        self, topic: str, timeout: float = 30.0, partitions: Collection[int] | None = None
+    ) -> Iterator[Record]:
+        """Every record currently in `topic`, or in its `partitions` only (a throw-away consumer;
+        nothing committed).
 
         Raises `BusUnavailable` if it cannot reach the end within `timeout`: a partial read must
         never pass for a complete one (restoring state from a changelog relies on it)."""
-        ends = {tp: end for tp, end in self.end_offsets(topic).items() if end > 0}
+        ends = {tp: end for tp, end in self.end_offsets(topic).items()
+                if end > 0 and (partitions is None or tp.partition in partitions)}
+        if not ends:
+            return
         consumer = self.consumer(f"read-all-{uuid.uuid4().hex}")
         try:
             consumer.subscribe([topic])
@@ -265,7 +278,9 @@ class Bus(abc.ABC):
                     raise BusUnavailable(
                         f"could not read {topic} to its end within {timeout}s ({len(ends)} partitions left)"
                     )
-                yield from consumer.poll(1000, 0.2)
+                for record in consumer.poll(1000, 0.2):
+                    if partitions is None or record.partition in partitions:
+                        yield record
                 # Positions, not record offsets: transaction markers occupy offsets too.
                 for tp in [tp for tp in ends if (consumer.position(tp) or 0) >= ends[tp]]:
                     del ends[tp]

@@ -164,7 +164,7 @@ def _partitions(db: _Db, topic: str) -> int:
 class _EmbeddedProducer(Producer):
     def __init__(self, path: Path, transactional_id: str | None) -> None:
         self._db = _Db(path)
-        self._queue: list[tuple[str, bytes | None, bytes | None, bytes | None]] = []
+        self._queue: list[tuple[str, bytes | None, bytes | None, bytes | None, int | None]] = []
         self._round_robin = 0
         self._txn_id = transactional_id
         self._epoch = 0
@@ -181,24 +181,35 @@ class _EmbeddedProducer(Producer):
                 ).fetchone()[0]
 
     def produce(
-        self, topic: str, value: bytes | None, key: bytes | None = None, headers: Headers | None = None
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
     ) -> None:
         if self._txn_id is not None and not self._in_txn:
             raise BusError("transactional producer: call begin_transaction() before produce()")
-        self._queue.append((topic, key, None if value is None else bytes(value), _pack_headers(headers)))
+        self._queue.append(
+            (topic, key, None if value is None else bytes(value), _pack_headers(headers), partition)
+        )
 
     def _append(self, conn: sqlite3.Connection) -> list[RecordMetadata]:
         counts: dict[str, tuple[int, bool]] = {}
         out: list[RecordMetadata] = []
         now = time.time()
-        for topic, key, value, headers in self._queue:
+        for topic, key, value, headers, chosen in self._queue:
             if topic not in counts:
                 row = conn.execute("SELECT partitions, compact FROM topics WHERE name=?", (topic,)).fetchone()
                 if row is None:
                     raise DeliveryError(f"topic {topic!r} does not exist; create it first")
                 counts[topic] = (int(row[0]), bool(row[1]))
             partitions, compact = counts[topic]
-            if key is not None:
+            if chosen is not None:
+                if not 0 <= chosen < partitions:
+                    raise DeliveryError(f"topic {topic!r} has no partition {chosen} (it has {partitions})")
+                partition = chosen
+            elif key is not None:
                 partition = partition_for(key, partitions)
             else:
                 partition = self._round_robin % partitions

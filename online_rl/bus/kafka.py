@@ -204,14 +204,21 @@ class _KafkaProducer(Producer):
             self._delivered.append(RecordMetadata(msg.topic(), msg.partition(), msg.offset()))
 
     def produce(
-        self, topic: str, value: bytes | None, key: bytes | None = None, headers: Headers | None = None
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
     ) -> None:
+        extra: dict[str, Any] = {}
+        if headers:
+            extra["headers"] = list(headers)
+        if partition is not None:
+            extra["partition"] = partition
         while True:
             try:
-                if headers:
-                    self._p.produce(topic, value, key, headers=list(headers), on_delivery=self._on_delivery)
-                else:
-                    self._p.produce(topic, value, key, on_delivery=self._on_delivery)
+                self._p.produce(topic, value, key, on_delivery=self._on_delivery, **extra)
                 break
             except BufferError:
                 self._p.poll(0.1)  # local queue full: serve delivery reports, then retry

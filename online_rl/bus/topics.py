@@ -42,11 +42,20 @@ class Topics:
         """The joiner's compacted changelog (internal)."""
         return f"{self.prefix}.join-state"
 
+    @property
+    def join_pairs(self) -> str:
+        """Preferences on their way to the joiner task of their other request (internal)."""
+        return f"{self.prefix}.join-pairs"
+
 
 def ensure_topics(bus: Bus, topics: Topics, partitions: int) -> None:
-    """Create every topic of the contract; interactions and feedback share a partition count so
-    that the same request id lands on the same partition of both (co-partitioning for the join)."""
+    """Create every topic of the contract that does not exist. Interactions and feedback share a
+    partition count so that the same request id lands on the same partition of both (co-partitioning
+    for the join); the joiner's internal topics take the count interactions actually has (an existing
+    topic keeps its own, whatever `partitions` says now)."""
     for name in (topics.interactions, topics.feedback, topics.samples):
         bus.create_topic(name, partitions)
     bus.create_topic(topics.dlq, 1)
-    bus.create_topic(topics.join_state, partitions, compact=True)
+    count = bus.partitions(topics.interactions)
+    bus.create_topic(topics.join_state, count, compact=True)
+    bus.create_topic(topics.join_pairs, count)

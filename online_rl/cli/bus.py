@@ -30,7 +30,8 @@ def create_topics(
     bus = open_bus(settings)
     topics = settings.topics
     ensure_topics(bus, topics, partitions or settings.bus.partitions)
-    for name in (topics.interactions, topics.feedback, topics.samples, topics.dlq, topics.join_state):
+    for name in (topics.interactions, topics.feedback, topics.samples, topics.dlq, topics.join_state,
+                 topics.join_pairs):
         typer.echo(f"{name}: {bus.partitions(name)} partitions")
     bus.close()
 
@@ -65,6 +66,9 @@ def join_cmd(
     window: Annotated[
         float | None, typer.Option(help="Reward wait window, seconds (default: config).")
     ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics).")
+    ] = None,
 ) -> None:
     """Run the feedback joiner until SIGTERM/SIGINT: interactions ⋈ feedback -> training samples."""
     from online_rl.stream import JoinConfig, Joiner
@@ -82,10 +86,16 @@ def join_cmd(
         max_clock_skew_s=join.max_clock_skew_s,
         max_feedback_per_request=join.max_feedback_per_request,
     )
-    joiner = Joiner(bus, config, topics=topics)
+    joiner = Joiner(bus, config, topics=topics, transactional_id=f"orl-joiner-{join.instance}")
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        from online_rl.stream.metrics import joiner_registry
+
+        start_http_server(metrics_port, registry=joiner_registry(joiner))
     stop = stop_on_signals("the current step")
     heartbeat = Heartbeat()  # for a liveness probe: the loop goes round at least every poll timeout
-    logger.info("joiner running on %s (window %.1fs)", type(bus).__name__, config.window_s)
+    logger.info("joiner %s running on %s (window %.1fs)", join.instance, type(bus).__name__, config.window_s)
 
     def done() -> bool:
         heartbeat.beat()
@@ -94,4 +104,4 @@ def join_cmd(
     joiner.run(done)
     joiner.close()
     bus.close()
-    typer.echo(f"joiner stopped: {dict(joiner.state.stats)}")
+    typer.echo(f"joiner stopped: {dict(joiner.stats)}")

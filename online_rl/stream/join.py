@@ -8,6 +8,12 @@ interaction; duplicates (same `event_id`) count once; feedback after the window 
 logged as late, never trained on. A preference ("this beat that") becomes a chosen/rejected pair
 as soon as both interactions are known.
 
+Several joiners share the work by partition: a `JoinState` is then one partition's task and
+`is_local` says which request ids are its own. A preference whose other request belongs to another
+task is forwarded (`drain_forwards`) with its own interaction to that task, which pairs it there
+(`add_forwarded`) and keeps a stand-in entry for the forwarded interaction that is never closed as a
+sample of its own.
+
 `JoinState` is the pure logic (no bus). Time only moves through `advance(now)`: the runner passes
 the largest event time seen, and the wall clock only when it has caught up with its inputs, so a
 replay after a restart joins exactly as the first run did.
@@ -27,7 +33,7 @@ from typing import Any, Literal
 import msgspec
 from pydantic import ValidationError
 
-from online_rl.errors import ConfigError
+from online_rl.errors import ConfigError, DecodeError
 from online_rl.events import (
     Completion,
     Feedback,
@@ -39,7 +45,7 @@ from online_rl.events import (
 )
 from online_rl.rewards import RewardMapping
 
-__all__ = ["JoinConfig", "JoinState"]
+__all__ = ["JoinConfig", "JoinState", "decode_forward"]
 
 logger = logging.getLogger(__name__)
 Aggregation = Literal["sum", "mean", "earliest", "latest"]
@@ -119,6 +125,18 @@ class _Entry:
         )
 
 
+def decode_forward(data: bytes) -> tuple[Interaction, Feedback]:
+    """A forwarded preference (`JoinState.drain_forwards`): its request's interaction and itself.
+    Raises `DecodeError` (or msgspec's) on bytes that are not one."""
+    raw = msgspec.msgpack.decode(data)
+    if not (isinstance(raw, dict) and isinstance(raw.get("i"), bytes) and isinstance(raw.get("p"), bytes)):
+        raise DecodeError("a forwarded preference is a map of 'i' (an Interaction) and 'p' (a Feedback)")
+    interaction, preference = decode(raw["i"], Interaction), decode(raw["p"], Feedback)
+    if preference.kind is not FeedbackKind.preference or preference.request_id != interaction.request_id:
+        raise DecodeError("a forwarded preference must be a preference on the forwarded interaction")
+    return interaction, preference
+
+
 def _completion(i: Interaction) -> Completion:
     return Completion(
         request_id=i.request_id,
@@ -133,8 +151,10 @@ def _completion(i: Interaction) -> Completion:
 class JoinState:
     """The join's state and logic; every mutation is recorded for the changelog."""
 
-    def __init__(self, config: JoinConfig) -> None:
+    def __init__(self, config: JoinConfig, is_local: Callable[[str], bool] | None = None) -> None:
         self.config = config
+        self._is_local = is_local or (lambda _request_id: True)
+        self._forwards: list[tuple[Interaction, Feedback]] = []
         self.entries: dict[str, _Entry] = {}
         self.stats: Counter[str] = Counter()
         self._changed: set[str] = set()
@@ -165,7 +185,11 @@ class JoinState:
                 if pref.other_request_id == interaction.request_id:
                     out.extend(self._try_pair(pref))
         for pref in list(entry.preferences):
-            out.extend(self._try_pair(pref))
+            if self._is_local(pref.other_request_id or ""):
+                out.extend(self._try_pair(pref))
+            else:
+                entry.preferences.remove(pref)
+                self._forward(interaction, pref)
         return out
 
     def add_feedback(self, feedback: Feedback) -> list[TrainingSample]:
@@ -191,6 +215,12 @@ class JoinState:
             logger.info("late feedback %s on %s: not trained on", feedback.event_id, feedback.request_id)
             return []
         if feedback.kind is FeedbackKind.preference:
+            if not self._is_local(feedback.other_request_id or ""):
+                if entry.interaction is not None:
+                    self._forward(entry.interaction, feedback)
+                else:  # forwarded when its own interaction arrives
+                    entry.preferences.append(feedback)
+                return []
             entry.preferences.append(feedback)
             paired = self._try_pair(feedback)
             if not paired and feedback in entry.preferences:
@@ -222,6 +252,43 @@ class JoinState:
             self._changed.add(request_id)
         return out
 
+    def add_forwarded(self, interaction: Interaction, preference: Feedback) -> list[TrainingSample]:
+        """A preference another task forwarded, with its own request's interaction: paired here, where
+        its other request lives. The interaction is kept in a stand-in entry, marked emitted so that its
+        window is never closed here (its own task does that); it is forgotten after the retention."""
+        request_id = interaction.request_id
+        if preference.request_id != request_id or not self._is_local(preference.other_request_id or ""):
+            self.stats["forward_misrouted"] += 1
+            return []
+        entry = self._entry(request_id, interaction.created_at)
+        if entry.interaction is None:
+            entry.interaction = interaction
+            entry.emitted = True
+        if preference.event_id in entry.event_ids:
+            self.stats["duplicate_feedback"] += 1
+            return []
+        entry.event_ids.add(preference.event_id)
+        entry.preferences.append(preference)
+        self._changed.add(request_id)
+        self.stats["forwarded_in"] += 1
+        paired = self._try_pair(preference)
+        if not paired and preference in entry.preferences:
+            self._waiting.setdefault(preference.other_request_id or "", set()).add(request_id)
+        return paired
+
+    def drain_forwards(self) -> list[tuple[str, bytes]]:
+        """Preferences to send to the task of their other request, as (other request id, payload for
+        `decode_forward`), since the last call."""
+        out = [(pref.other_request_id or "", msgspec.msgpack.encode({"i": encode(i), "p": encode(pref)}))
+               for i, pref in self._forwards]
+        self._forwards.clear()
+        return out
+
+    def _forward(self, interaction: Interaction, preference: Feedback) -> None:
+        self._forwards.append((interaction, preference))
+        self._changed.add(preference.request_id)
+        self.stats["forwarded_out"] += 1
+
     # -- changelog --------------------------------------------------------------------------
     def drain_changes(self) -> dict[str, bytes | None]:
         """Serialized state of every entry changed since the last call (None = deleted)."""
@@ -242,7 +309,8 @@ class JoinState:
                 deadline = entry.interaction.created_at + self.config.window_s
                 heapq.heappush(self._deadlines, (deadline, request_id))
             for pref in entry.preferences:
-                self._waiting.setdefault(pref.other_request_id or "", set()).add(request_id)
+                if self._is_local(pref.other_request_id or ""):  # (the others wait for their interaction)
+                    self._waiting.setdefault(pref.other_request_id or "", set()).add(request_id)
         self._changed.clear()
 
     # -- internals --------------------------------------------------------------------------

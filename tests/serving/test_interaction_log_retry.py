@@ -18,7 +18,8 @@ class ScriptedProducer(Producer):
         self.script = script
         self.produced: list[bytes] = []  # every record handed to the client, copies included
 
-    def produce(self, topic: str, value: bytes | None, key: bytes | None = None, headers: Any = None) -> None:
+    def produce(self, topic: str, value: bytes | None, key: bytes | None = None, headers: Any = None,
+                partition: int | None = None) -> None:
         assert key is not None
         self.produced.append(key)
 

@@ -9,7 +9,7 @@ from collections import Counter
 import msgspec
 import pytest
 
-from online_rl.bus import Bus, Topics, ensure_topics
+from online_rl.bus import Bus, TopicPartition, Topics, ensure_topics
 from online_rl.bus.kafka import KafkaBus
 from online_rl.events import TrainingSample, decode, encode
 from online_rl.stream.join import JoinConfig
@@ -76,8 +76,8 @@ def test_joiner_restart_mid_window_joins_everything_exactly_once(make_bus: BusFa
     singles = {s.completion.request_id: s.reward for s in samples if s.kind == "single" and s.completion}
     assert singles == {f"r{i}": (1.0 if i % 2 == 0 else 0.0) for i in range(10)}
     assert sum(1 for s in samples if s.kind == "pair") == 1
-    assert second.state.stats["duplicate_feedback"] == 1
-    assert second.state.stats["late_feedback"] == 1
+    assert second.stats["duplicate_feedback"] == 1
+    assert second.stats["late_feedback"] == 1
     reasons = sorted(dict(r.headers)["reason"].decode() for r in bus.read_all(topics.dlq))
     assert len(reasons) == 3 and all(r.startswith("MalformedRecord: ") for r in reasons), reasons
 
@@ -107,7 +107,7 @@ def test_a_backlog_is_joined_without_declaring_unread_feedback_late(make_bus: Bu
     samples = _samples(bus, topics)
     assert len(samples) == 150
     assert all(s.reward == 1.0 and not s.defaulted for s in samples)
-    assert joiner.state.stats["late_feedback"] == 0
+    assert joiner.stats["late_feedback"] == 0
 
 
 @pytest.mark.kafka
@@ -129,11 +129,11 @@ def test_a_step_past_the_poll_interval_is_refused_then_retried_not_fatal(kafka_b
     class SlowFirstStep(Joiner):
         slow = True
 
-        def _advance_watermark(self, full: bool) -> float:  # between the read and the commit
-            if self.slow and self._consumer.assignment():
+        def _lagging_inputs(self, full: bool) -> set[TopicPartition] | None:  # between read and commit
+            if self.slow and self.open_requests:  # this step read records
                 self.slow = False
                 time.sleep(8.0)
-            return super()._advance_watermark(full)
+            return super()._lagging_inputs(full)
 
     joiner = SlowFirstStep(bus, JoinConfig(window_s=5.0, retention_s=60.0), group_id=f"g-{topics.prefix}",
                            transactional_id=f"slow-{topics.prefix}", clock=lambda: 5000.0, topics=topics)
@@ -173,5 +173,5 @@ def test_a_future_dated_event_cannot_close_other_users_windows(make_bus: BusFact
     joiner.close()
     rewards = {s.completion.request_id: s.reward for s in _samples(bus, topics) if s.completion}
     # r0's thumb counts as dated now + 5 s, inside its window; the others came in time and count
-    assert rewards == {"r0": 1.0, "r1": 0.0, "r2": 0.0, "r3": 0.0, "r4": 0.0}, joiner.state.stats
-    assert joiner.state.stats["future_dated"] == 2 and joiner.state.stats["late_feedback"] == 0
+    assert rewards == {"r0": 1.0, "r1": 0.0, "r2": 0.0, "r3": 0.0, "r4": 0.0}, joiner.stats
+    assert joiner.stats["future_dated"] == 2 and joiner.stats["late_feedback"] == 0
