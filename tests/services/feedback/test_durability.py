@@ -85,7 +85,7 @@ def test_retries_through_two_replicas_are_counted_once_after_the_join(
     joiner.close()
     samples = [decode(r.value or b"", TrainingSample) for r in bus.read_all(topics.samples)]
     assert [(s.sample_id, s.reward) for s in samples] == [("s-req-9", 1.0)]  # ... and counted once
-    assert joiner.state.stats["duplicate_feedback"] == 1
+    assert joiner.stats["duplicate_feedback"] == 1
 
 
 def test_client_gives_up_with_the_servers_reason(api: Api, tmp_path: Path) -> None:
