@@ -6,7 +6,7 @@ import pytest
 
 from online_rl.errors import ConfigError
 from online_rl.events import Feedback
-from online_rl.stream.join import JoinConfig, JoinState
+from online_rl.stream.join import JoinConfig, JoinState, decode_forward
 from tests.factories import interaction, preference, rating, thumbs
 
 
@@ -196,3 +196,69 @@ def test_only_the_user_an_answer_was_served_to_can_judge_it() -> None:
     state.add_interaction(interaction("b", created_at=300.0, user_id="u2"))
     assert state.add_feedback(preference("a", "b", created_at=301.0)) == []
     assert state.stats["wrong_user"] == 7
+
+
+# -- tasks: a preference across two partitions -----------------------------------------------------
+def _tasks() -> tuple[JoinState, JoinState]:
+    """Two tasks of one join: "a…" request ids belong to the first, everything else to the second."""
+    config = JoinConfig(window_s=10.0, retention_s=30.0)
+    return (JoinState(config, is_local=lambda rid: rid.startswith("a")),
+            JoinState(config, is_local=lambda rid: not rid.startswith("a")))
+
+
+def _deliver(sender: JoinState, receiver: JoinState) -> list[object]:
+    out: list[object] = []
+    for _other, payload in sender.drain_forwards():
+        out.extend(receiver.add_forwarded(*decode_forward(payload)))
+    return out
+
+
+def test_a_preference_across_tasks_pairs_once_in_the_task_of_its_other_request() -> None:
+    a_task, b_task = _tasks()
+    a_task.add_interaction(interaction("a1", created_at=100.0))
+    b_task.add_interaction(interaction("b1", created_at=100.5))
+    assert a_task.add_feedback(preference("a1", "b1", winner="this")) == []
+    (pair,) = _deliver(a_task, b_task)
+    assert pair.kind == "pair" and pair.chosen.request_id == "a1" and pair.rejected.request_id == "b1"
+    # The stand-in of a1 in the second task is never closed as a sample; each request closes once, at home.
+    a_singles = a_task.advance(1000.0)
+    b_singles = b_task.advance(1000.0)
+    assert [s.sample_id for s in a_singles + b_singles] == []  # no thumbs: no single samples at all
+    assert a_task.stats["forwarded_out"] == 1 and b_task.stats["pairs"] == 1 and a_task.stats["pairs"] == 0
+
+
+def test_a_forwarded_preference_waits_for_its_other_interaction_and_survives_a_restore() -> None:
+    a_task, b_task = _tasks()
+    a_task.add_feedback(preference("a1", "b1", winner="other"))  # before its own interaction
+    assert a_task.drain_forwards() == []
+    a_task.add_interaction(interaction("a1", created_at=100.0))
+    forwards = a_task.drain_forwards()
+    assert [other for other, _ in forwards] == ["b1"]
+    assert b_task.add_forwarded(*decode_forward(forwards[0][1])) == []  # b1 not seen yet
+    # The second task restarts from its changelog before b1 arrives.
+    restored = JoinState(b_task.config, is_local=lambda rid: not rid.startswith("a"))
+    restored.restore(b_task.drain_changes())
+    (pair,) = restored.add_interaction(interaction("b1", created_at=101.0))
+    assert pair.chosen.request_id == "b1" and pair.rejected.request_id == "a1"
+    # The same forward again (a duplicate) pairs nothing.
+    assert restored.add_forwarded(*decode_forward(forwards[0][1])) == []
+    assert restored.stats["duplicate_feedback"] == 1
+    assert restored.advance(1000.0) == []
+
+
+def test_a_preference_between_two_requests_of_one_task_is_not_forwarded() -> None:
+    a_task, _ = _tasks()
+    a_task.add_interaction(interaction("a1"))
+    a_task.add_interaction(interaction("a2"))
+    (pair,) = a_task.add_feedback(preference("a1", "a2"))
+    assert pair.kind == "pair" and a_task.drain_forwards() == []
+
+
+def test_a_forward_that_is_not_one_is_refused() -> None:
+    _, b_task = _tasks()
+    for data in (b"", b"\x81\xa1i\xc4\x00", b"not msgpack"):
+        with pytest.raises(Exception):  # noqa: B017 - any decode error: the joiner dead-letters it
+            decode_forward(data)
+    # A forward to the wrong task (its other request is not local there) is counted and dropped.
+    assert b_task.add_forwarded(interaction("b9"), preference("b9", "a1")) == []
+    assert b_task.stats["forward_misrouted"] == 1

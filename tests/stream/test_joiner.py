@@ -9,8 +9,9 @@ from collections import Counter
 import msgspec
 import pytest
 
-from online_rl.bus import Bus, TopicPartition, Topics, ensure_topics
+from online_rl.bus import Bus, TopicPartition, Topics, ensure_topics, partition_for
 from online_rl.bus.kafka import KafkaBus
+from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample, decode, encode
 from online_rl.stream.join import JoinConfig
 from online_rl.stream.joiner import Joiner
@@ -175,3 +176,100 @@ def test_a_future_dated_event_cannot_close_other_users_windows(make_bus: BusFact
     # r0's thumb counts as dated now + 5 s, inside its window; the others came in time and count
     assert rewards == {"r0": 1.0, "r1": 0.0, "r2": 0.0, "r3": 0.0, "r4": 0.0}, joiner.stats
     assert joiner.stats["future_dated"] == 2 and joiner.stats["late_feedback"] == 0
+
+
+def test_two_joiners_share_the_partitions_and_a_task_moves_between_them(make_bus: BusFactory) -> None:
+    """Two joiners of one group split 4 partitions; preferences cross partitions (and so joiners); one
+    joiner leaves mid-stream and its tasks move, with their open windows, to the other: every sample
+    comes out once, with the reward of all its feedback."""
+    bus = make_bus()
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
+    ensure_topics(bus, partitions=4, topics=topics)
+    now = [1000.0]  # no window closes by the clock until the end
+    config = JoinConfig(window_s=30.0, retention_s=300.0)
+    producer = bus.producer()
+    ids = [f"q{i}" for i in range(40)]
+    homes = {rid: partition_for(rid.encode(), 4) for rid in ids}
+    prefs = [(ids[i], ids[i + 20]) for i in range(10)]
+    assert sum(homes[a] != homes[b] for a, b in prefs) >= 5  # most preferences cross partitions
+
+    def send(events: list[tuple[str, str, bytes]]) -> None:
+        for topic, key, value in events:
+            producer.produce(topic, value, key.encode())
+        producer.flush()
+
+    def up(i: int) -> bool:
+        return i % 3 == 0
+
+    send([(topics.interactions, rid, encode(interaction(rid, created_at=1000.0 + i / 10)))
+          for i, rid in enumerate(ids)]
+         + [(topics.feedback, ids[i], encode(thumbs(ids[i], up=up(i), created_at=1005.0))) for i in range(20)]
+         + [(topics.feedback, a, encode(preference(a, b, created_at=1006.0))) for a, b in prefs[:5]])
+
+    def joiner(name: str) -> Joiner:
+        return Joiner(bus, config, group_id=f"g-{topics.prefix}", transactional_id=f"{name}-{topics.prefix}",
+                      clock=lambda: now[0], topics=topics)
+
+    first = joiner("one")
+    for _ in range(3):
+        first.step(max_records=20, timeout=0.3)
+    second = joiner("two")
+    deadline = time.monotonic() + 60
+    while not (first.tasks and second.tasks and len(first.tasks) + len(second.tasks) == 4):
+        assert time.monotonic() < deadline, (first.tasks, second.tasks)
+        first.step(max_records=20, timeout=0.2)
+        second.step(max_records=20, timeout=0.2)
+    # The rest of the feedback arrives while the tasks are split between the two.
+    send([(topics.feedback, ids[i], encode(thumbs(ids[i], up=up(i), created_at=1007.0)))
+           for i in range(20, 40)]
+         + [(topics.feedback, a, encode(preference(a, b, winner="other", created_at=1008.0)))
+            for a, b in prefs[5:]])
+    for _ in range(4):
+        first.step(max_records=20, timeout=0.2)
+        second.step(max_records=20, timeout=0.2)
+    first.close()  # its tasks move to the second, windows still open
+    now[0] = 2000.0
+    _step_until_idle(second)
+    assert second.tasks == [0, 1, 2, 3]
+    second.close()
+
+    samples = _samples(bus, topics)
+    counts = Counter(s.sample_id for s in samples)
+    assert set(counts.values()) == {1}, [k for k, c in counts.items() if c > 1]
+    singles = {s.completion.request_id: s.reward for s in samples if s.kind == "single" and s.completion}
+    assert singles == {rid: 1.0 if up(i) else 0.0 for i, rid in enumerate(ids)}
+    pairs = {(s.chosen.request_id, s.rejected.request_id) for s in samples if s.kind == "pair" and s.chosen
+             and s.rejected}
+    assert pairs == {(a, b) for a, b in prefs[:5]} | {(b, a) for a, b in prefs[5:]}
+    assert not list(bus.read_all(topics.dlq))
+
+
+def test_topics_that_are_not_co_partitioned_are_refused_at_start(make_bus: BusFactory) -> None:
+    bus = make_bus()
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
+    bus.create_topic(topics.feedback, 3)
+    ensure_topics(bus, partitions=2, topics=topics)
+    with pytest.raises(ConfigError, match=r"not co-partitioned .*feedback: 3.*same partition count"):
+        Joiner(bus, JoinConfig(), topics=topics, transactional_id=f"x-{topics.prefix}")
+
+
+def test_a_record_on_the_wrong_partition_is_dead_lettered_not_joined(make_bus: BusFactory) -> None:
+    """A producer that did not key by request id: its interaction would never meet its feedback."""
+    bus = make_bus()
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
+    ensure_topics(bus, partitions=2, topics=topics)
+    home = partition_for(b"w1", 2)
+    producer = bus.producer()
+    producer.produce(topics.interactions, encode(interaction("w1", created_at=1000.0)), b"w1")
+    producer.produce(topics.feedback, encode(thumbs("w1", up=True, created_at=1001.0)), b"w1",
+                     partition=1 - home)
+    producer.flush()
+    joiner = Joiner(bus, JoinConfig(window_s=5.0, default_reward=0.5), transactional_id=f"w-{topics.prefix}",
+                    clock=lambda: 5000.0, topics=topics)
+    _step_until_idle(joiner)
+    joiner.close()
+    (sample,) = _samples(bus, topics)
+    assert sample.reward == 0.5 and sample.defaulted  # the misplaced thumbs-up was not used
+    (letter,) = list(bus.read_all(topics.dlq))
+    assert f"belongs on partition {home} of 2" in dict(letter.headers)["reason"].decode()
+    assert joiner.stats["wrong_partition"] == 1
