@@ -185,6 +185,9 @@ class _KafkaProducer(Producer):
         }
         if transactional_id is not None:
             config["transactional.id"] = transactional_id
+            # As long as a record may wait (not Kafka's 60 s): a crashed owner's open transaction holds
+            # its partitions' readers (read_committed) until the broker aborts it after this time.
+            config.setdefault("transaction.timeout.ms", config["message.timeout.ms"])
         self._p = ck.Producer(config)
         self._queued = 0
         self._delivered: list[RecordMetadata] = []
