@@ -125,6 +125,17 @@ STAND_INS = {
 }
 
 
+def pod_name(pod: Pod) -> str:
+    """A name Kubernetes could give one of the workload's pods (a Deployment's: <name>-<hash>-<suffix>)."""
+    return f"{pod.owner.split('/', 1)[1]}-5d8f9c7b6-x2x4q"
+
+
+def field_value(pod: Pod, field_path: str) -> str:
+    """What a fieldRef gives the container (the downward API), for the fields the chart uses."""
+    assert field_path == "metadata.name", f"{pod.owner}: no stand-in for fieldRef {field_path}"
+    return pod_name(pod)
+
+
 def secret_value(objects: list[dict[str, Any]], ref: dict[str, str]) -> str:
     """What a secretKeyRef gives: the rendered Secret's value, else the stand-in for its key."""
     made = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == ref["name"]]
@@ -154,7 +165,7 @@ def setting_exists(env_name: str) -> bool:
 def settings_of(pod: Pod, container: dict[str, Any], objects: list[dict[str, Any]], tmp: Path,
                 monkeypatch: pytest.MonkeyPatch) -> Settings:
     """The settings this container will load: the mounted ConfigMap as ORL_CONFIG plus its env (values
-    from Secrets the chart does not make are `STAND_INS`)."""
+    from Secrets the chart does not make are `STAND_INS`; the pod's name is `pod_name`)."""
     env = {e["name"]: e for e in container.get("env", [])}
     mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
     volume = next(v for v in pod.spec["volumes"] if v["name"] == "config")
@@ -171,7 +182,12 @@ def settings_of(pod: Pod, container: dict[str, Any], objects: list[dict[str, Any
         if not name.startswith("ORL_"):
             continue
         assert setting_exists(name), f"{pod.owner}: {name} names no setting of online_rl/config.py"
-        ref = item.get("valueFrom", {}).get("secretKeyRef")
-        value = item.get("value") if ref is None else secret_value(objects, ref)
+        source = item.get("valueFrom", {})
+        if "secretKeyRef" in source:
+            value = secret_value(objects, source["secretKeyRef"])
+        elif "fieldRef" in source:
+            value = field_value(pod, source["fieldRef"]["fieldPath"])
+        else:
+            value = item["value"]
         monkeypatch.setenv(name, str(value))
     return load_settings(tmp / "config.yaml")

@@ -116,7 +116,7 @@ def test_budgets_autoscalers_monitors_and_ingress_point_at_real_things(
         watched = [s for s in services.values() if selects(selector, s["metadata"]["labels"])]
         ports = {p["name"] for s in watched for p in s["spec"]["ports"]}
         components = {s["metadata"]["labels"]["app.kubernetes.io/component"] for s in watched}
-        assert {"gateway", "feedback", "inference"} <= components
+        assert {"gateway", "feedback", "inference", "joiner"} <= components
         assert all(e["port"] in ports for e in monitor["spec"]["endpoints"])
 
 
@@ -196,7 +196,7 @@ def test_each_component_loads_its_settings_and_finds_the_others(
                 topics = {t["spec"]["topicName"] for t in by_kind(objects, "KafkaTopic")}
                 prefix = settings.bus.topic_prefix
                 assert topics == {f"{prefix}.{n}" for n in ("interactions", "feedback", "samples", "dlq",
-                                                            "join-state")}
+                                                            "join-state", "join-pairs")}
             else:
                 assert settings.kafka.bootstrap_servers == spec["kafka"]["external"]["bootstrapServers"]
             # MLflow: the release's Service, or the given server

@@ -22,6 +22,7 @@ from tests.deploy.chart import (
     VALUES_FILES,
     Pod,
     by_kind,
+    pod_name,
     pods,
     render,
     settings_of,
@@ -41,6 +42,8 @@ KAFKA_CLIENTS = {"feedback": "feedback", "inference": "inference", "gateway": "g
 ROLLOUT_GROUP_PREFIX = ("orl-rollout-", "online_rl/rollout/driver/canary.py")
 READ_ALL_GROUP_PREFIX = ("read-all-", "online_rl/bus/base.py")  # Bus.read_all: the joiner's restore
 PROBE_GROUP = ("orl-probe", "online_rl/bus/kafka.py")  # KafkaBus.end_offsets' probe consumer
+# Each joiner replica's transactional id, from its join.instance (the chart gives it the pod's name)
+JOINER_TRANSACTIONAL_ID = ("orl-joiner-{join.instance}", "online_rl/cli/bus.py")
 
 
 @dataclass
@@ -52,7 +55,7 @@ class Uses:
     groups: set[str] = field(default_factory=set)
     group_prefixes: set[str] = field(default_factory=set)
     described_groups: set[str] = field(default_factory=set)
-    transactional_ids: set[str] = field(default_factory=set)
+    transactional_id_prefixes: set[str] = field(default_factory=set)
 
 
 def _named_in_code(name: tuple[str, str]) -> str:
@@ -69,11 +72,11 @@ def _code_uses(settings: Settings) -> dict[str, Uses]:
         "feedback": Uses(writes={topics.feedback}),  # services/feedback/service.py
         "inference": Uses(writes={topics.interactions}),  # services/inference -> InteractionLogger
         "gateway": Uses(reads={topics.samples}, group_prefixes={_named_in_code(ROLLOUT_GROUP_PREFIX)}),
-        "joiner": Uses(reads={topics.interactions, topics.feedback, topics.join_state},
-                       writes={topics.samples, topics.join_state, topics.dlq},
+        "joiner": Uses(reads={topics.interactions, topics.feedback, topics.join_state, topics.join_pairs},
+                       writes={topics.samples, topics.join_state, topics.join_pairs, topics.dlq},
                        groups={joiner["group_id"].default},
                        group_prefixes={_named_in_code(READ_ALL_GROUP_PREFIX)}, described_groups={probe},
-                       transactional_ids={joiner["transactional_id"].default}),
+                       transactional_id_prefixes={_named_in_code(JOINER_TRANSACTIONAL_ID).split("{")[0]}),
         "trainer": Uses(reads={topics.samples}, writes={topics.dlq}, groups={settings.trainer.group_id},
                         described_groups={probe}),
     }
@@ -83,17 +86,20 @@ class _CreatedTopics:
     """A bus that only records which topics `ensure_topics` asks for."""
 
     def __init__(self) -> None:
-        self.names: set[str] = set()
+        self.counts: dict[str, int] = {}
 
     def create_topic(self, name: str, partitions: int = 1, compact: bool = False) -> None:
-        self.names.add(name)
+        self.counts.setdefault(name, partitions)
+
+    def partitions(self, topic: str) -> int:
+        return self.counts[topic]
 
 
 def _created_at_start(settings: Settings) -> set[str]:
     """The topics every component asks to create at start (it runs `ensure_topics`)."""
     recorder = _CreatedTopics()
     ensure_topics(cast(Bus, recorder), settings.topics, settings.bus.partitions)
-    return recorder.names
+    return set(recorder.counts)
 
 
 Acl = tuple[str, str, str, str]  # resource type, name, pattern type, operation
@@ -106,7 +112,7 @@ def _expected_acls(uses: Uses, created: set[str]) -> set[Acl]:
     acls |= {("group", g, "literal", "Read") for g in uses.groups}
     acls |= {("group", g, "prefix", "Read") for g in uses.group_prefixes}
     acls |= {("group", g, "literal", "Describe") for g in uses.described_groups}
-    acls |= {("transactionalId", t, "literal", op) for t in uses.transactional_ids
+    acls |= {("transactionalId", t, "prefix", op) for t in uses.transactional_id_prefixes
              for op in ("Write", "Describe")}
     if uses.writes:  # every producer is idempotent
         acls.add(("cluster", "", "literal", "IdempotentWrite"))
@@ -215,6 +221,23 @@ def test_the_acls_follow_the_topic_prefix_and_the_trainers_group(tmp_path: Path,
     assert ("topic", "team-a.samples", "literal", "Read") in acls
     assert ("group", "team-a-trainer", "literal", "Read") in acls
     assert not [a for a in acls if a[0] == "topic" and a[1].startswith("orl.")]
+
+
+def test_every_joiner_replica_writes_join_pairs_under_a_transactional_id_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(CHART / "ci" / "database-values.yaml")  # joiner.replicas: 3
+    (user,) = [u for u in by_kind(objects, "KafkaUser")
+               if u["metadata"]["labels"]["app.kubernetes.io/component"] == "joiner"]
+    acls = _rendered_acls(user)
+    assert {("topic", "orl.join-pairs", "literal", op) for op in ("Read", "Write")} <= acls
+    transactional = {a for a in acls if a[0] == "transactionalId"}
+    assert transactional == {("transactionalId", "orl-joiner-", "prefix", op) for op in ("Write", "Describe")}
+    (pod,) = [p for p in pods(objects) if p.component == "joiner"]
+    settings = settings_of(pod, pod.containers[0], objects, tmp_path, monkeypatch)
+    own = _named_in_code(JOINER_TRANSACTIONAL_ID).format(join=settings.join)
+    assert own == f"orl-joiner-{pod_name(pod)}"  # one id per pod: no replica fences another
+    others = [a for u in by_kind(objects, "KafkaUser") if u is not user for a in _rendered_acls(u)]
+    assert not [a for a in others if a[0] == "transactionalId"]
 
 
 # -- an existing cluster --------------------------------------------------------------------------

@@ -61,6 +61,7 @@ def test_what_the_build_copies_and_installs_is_in_the_repository(parsed: Dockerf
 
 
 def test_the_chart_runs_the_commands_the_image_provides(parsed: DockerfileParser) -> None:
+    from typer.core import TyperGroup
     from typer.main import get_command
 
     from online_rl.cli.app import app
@@ -81,9 +82,13 @@ def test_the_chart_runs_the_commands_the_image_provides(parsed: DockerfileParser
                 assert container["command"] == ["mlflow"]
                 runs = runs[1:]
             for words in runs:
-                group = cli.commands[words[0]]  # type: ignore[attr-defined]
-                if len(words) > 1:
-                    assert words[1] in group.commands, f"online-rl {' '.join(words)} does not exist"
+                command, rest = cli, list(words)
+                while rest and isinstance(command, TyperGroup):  # down the subcommands
+                    assert rest[0] in command.commands, f"online-rl {' '.join(words)} does not exist"
+                    command = command.commands[rest.pop(0)]
+                options = {o for param in command.params for o in param.opts}
+                unknown = [w for w in rest if w.startswith("--") and w.split("=", 1)[0] not in options]
+                assert not unknown, f"online-rl {' '.join(words)}: no option {unknown}"
     linked = re.search(r"ln -s (.+) /usr/local/bin/", DOCKERFILE.read_text())
     assert linked is not None  # KubeRay's login shell finds ray and online-rl
     assert {Path(p).name for p in linked.group(1).split()} >= {"ray", "online-rl", "mlflow"}

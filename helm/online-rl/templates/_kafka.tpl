@@ -2,15 +2,26 @@
 listener with a SCRAM user of its own; external: what kafka.external says) and what each component may
 do there (its KafkaUser's ACLs, kafka-users.yaml). */}}
 
-{{/* The contract's topics (online_rl/bus/topics.py: <prefix>.<name>), as a JSON list. */}}
+{{/* The partition count of the keyed topics (config.bus.partitions; the settings' default is 4). */}}
+{{- define "orl.partitions" -}}
+{{- dig "bus" "partitions" 4 .Values.config | int -}}
+{{- end -}}
+
+{{/* The contract's topics and the joiner's internal ones (online_rl/bus/topics.py: <prefix>.<name>), as a
+JSON list; `about` says what the KafkaTopic holds. */}}
 {{- define "orl.kafkaTopics" -}}
-{{- $partitions := dig "bus" "partitions" 4 .Values.config -}}
+{{- $partitions := include "orl.partitions" . | int -}}
+{{- $contract := "A contract topic (docs/event-log.md)." -}}
 {{- list
-  (dict "name" "interactions" "partitions" $partitions "compact" false)
-  (dict "name" "feedback" "partitions" $partitions "compact" false)
-  (dict "name" "samples" "partitions" $partitions "compact" false)
-  (dict "name" "dlq" "partitions" 1 "compact" false)
-  (dict "name" "join-state" "partitions" $partitions "compact" true) | toJson -}}
+  (dict "name" "interactions" "partitions" $partitions "compact" false "about" $contract)
+  (dict "name" "feedback" "partitions" $partitions "compact" false "about" $contract)
+  (dict "name" "samples" "partitions" $partitions "compact" false "about" $contract)
+  (dict "name" "dlq" "partitions" 1 "compact" false "about" $contract)
+  (dict "name" "join-state" "partitions" $partitions "compact" true
+    "about" "The joiner's compacted changelog (its window state).")
+  (dict "name" "join-pairs" "partitions" $partitions "compact" false
+    "about" "The joiner's internal topic: preferences on their way to the joiner task of their other request.")
+  | toJson -}}
 {{- end -}}
 
 {{/* A topic's name: (dict "ctx" $ "name" "samples") */}}
@@ -31,8 +42,13 @@ do there (its KafkaUser's ACLs, kafka-users.yaml). */}}
 {{- printf "%s-%s" (include "orl.fullname" .ctx) .component -}}
 {{- end -}}
 
+{{/* The joiner's consumer group, and the prefix of its replicas' transactional ids (online_rl/stream). */}}
+{{- define "orl.joinerGroup" -}}orl-joiner{{- end -}}
+{{- define "orl.joinerTransactionalPrefix" -}}orl-joiner-{{- end -}}
+
 {{/* What each component does on Kafka, as the code does it: the topics it reads and writes, its consumer
-groups (literal names and prefixes; `describeGroups`: only looked up) and transactional ids. */}}
+groups (literal names and prefixes; `describeGroups`: only looked up) and transactional ids (literal names
+and prefixes). */}}
 {{- define "orl.kafkaUses" -}}
 {{- $t := dict -}}
 {{- range $topic := include "orl.kafkaTopics" . | fromJsonArray -}}
@@ -48,15 +64,17 @@ inference:
 gateway:
   reads: [{{ $t.samples | quote }}]
   groupPrefixes: [orl-rollout-]
-# online_rl/stream/joiner.py: one transaction writes samples, the changelog, dead letters and offsets;
-# it restores the changelog with Bus.read_all (a throw-away group) and sizes it with end_offsets' probe
+# online_rl/stream/joiner.py: every replica is a member of one group; one transaction writes samples, the
+# changelog, join-pairs, dead letters and offsets, under the replica's own transactional id
+# (orl-joiner-<join.instance>: the pod's name); it restores the changelog with Bus.read_all (a throw-away
+# group) and sizes it with end_offsets' probe
 joiner:
-  reads: [{{ $t.interactions | quote }}, {{ $t.feedback | quote }}, {{ index $t "join-state" | quote }}]
-  writes: [{{ $t.samples | quote }}, {{ index $t "join-state" | quote }}, {{ $t.dlq | quote }}]
-  groups: [orl-joiner]
+  reads: [{{ $t.interactions | quote }}, {{ $t.feedback | quote }}, {{ index $t "join-state" | quote }}, {{ index $t "join-pairs" | quote }}]
+  writes: [{{ $t.samples | quote }}, {{ index $t "join-state" | quote }}, {{ index $t "join-pairs" | quote }}, {{ $t.dlq | quote }}]
+  groups: [{{ include "orl.joinerGroup" . }}]
   groupPrefixes: [read-all-]
   describeGroups: [orl-probe]
-  transactionalIds: [orl-joiner-0]
+  transactionalIdPrefixes: [{{ include "orl.joinerTransactionalPrefix" . }}]
 # online_rl/trainer/controller.py: reads samples in config.trainer.group_id, dead-letters what it rejects
 trainer:
   reads: [{{ $t.samples | quote }}]
