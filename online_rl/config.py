@@ -228,6 +228,11 @@ class JoinSettings(BaseModel):
         "so each replica needs its own (the chart uses the pod's name); a restarted replica with the same "
         "name fences its predecessor.",
     )
+    group_id: str = Field(
+        default="orl-joiner", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$",
+        description="The joiners' consumer group: replicas in one group share the partitions (the chart's "
+        "ACLs and lag autoscaling name orl-joiner).",
+    )
 
 
 class FeedbackApiConfig(BaseModel):

@@ -86,7 +86,8 @@ def join_cmd(
         max_clock_skew_s=join.max_clock_skew_s,
         max_feedback_per_request=join.max_feedback_per_request,
     )
-    joiner = Joiner(bus, config, topics=topics, transactional_id=f"orl-joiner-{join.instance}")
+    joiner = Joiner(bus, config, topics=topics, group_id=join.group_id,
+                    transactional_id=f"orl-joiner-{join.instance}")
     if metrics_port:
         from prometheus_client import start_http_server
 

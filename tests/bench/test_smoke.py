@@ -83,7 +83,7 @@ def test_a_benchmark_without_a_broker_runs_and_prints_its_fields(name: str) -> N
     _run(name, [])
 
 
-@pytest.mark.parametrize("name", ["bus", "feedback_api", "trainer"])
+@pytest.mark.parametrize("name", ["bus", "feedback_api", "trainer", "scale"])
 def test_a_benchmark_on_the_broker_runs_and_prints_its_fields(name: str, kafka_bootstrap: str) -> None:
     _run(name, ["--bootstrap", kafka_bootstrap])
 
