@@ -11,7 +11,8 @@ median over rounds of (rate with k joiners) / (rate with one, same round). On a 
 cores than joiners (the broker and the backlog's reader share them too) the ratio is bounded by the
 cores: `per_core_events_per_s` is events per CPU-second of the joiner processes (what one core
 joins), and `events_per_cpu_s_k` the same with k joiners (flat in k: the work divides without
-overhead, and the wall-clock rate grows with the cores given). The last line is JSON. `--smoke`: 20,000 events, 1 round.
+overhead, and the wall-clock rate grows with the cores given). The last line is JSON.
+`--smoke`: 20,000 events, 1 round.
 """
 
 from __future__ import annotations
