@@ -853,6 +853,40 @@ class GatewayConfig(EdgeLimits):
         "0: none; e.g. 0.1 keeps one user in ten on the base model.",
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    role: Literal["all", "proxy", "controller"] = Field(
+        default="all",
+        description="all: one process routes and runs the rollout controller (state in state_dir). proxy: "
+        "routes only, by the rollout state read from the bus (<prefix>.rollout), and reports each answer's "
+        "health there; any number of them. controller: routes as a proxy and contends for the controller "
+        "lease; the holder runs the rollout (state on the bus), the others stand by (readyz 503).",
+    )
+    election: Literal["auto", "file", "kubernetes"] = Field(
+        default="auto",
+        description="How controllers pick the one that runs the rollout: file (a lock on "
+        "<state_dir>/controller.lock, for processes of one machine), kubernetes (a coordination.k8s.io "
+        "Lease), auto (kubernetes inside a pod, else file).",
+    )
+    lock_file: Path | None = Field(
+        default=None, description="The lock the controllers of one machine contend for (election: file); "
+        "default <state_dir>/controller.lock.",
+    )
+    lease_name: str = Field(default="orl-rollout-controller", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                            description="The Kubernetes Lease's name (election: kubernetes).")
+    lease_duration_s: float = Field(
+        default=15.0, ge=2, le=600,
+        description="A controller that has not renewed its lease for this long is replaced; it renews every "
+        "third of it and stops acting when a renewal fails.",
+    )
+    advertise_url: str | None = Field(
+        default=None,
+        description="Where proxies reach this controller for the admin API (/rollout): default "
+        "http://<host>:<port> (127.0.0.1 for 0.0.0.0). The chart sets the controller Service.",
+    )
+    health_report_s: float = Field(
+        default=1.0, gt=0, le=60,
+        description="How often a proxy publishes its answers' health (version, latency, success) for the "
+        "controller's guardrails.",
+    )
 
     @field_validator("replicas")
     @classmethod

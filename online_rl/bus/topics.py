@@ -43,6 +43,16 @@ class Topics:
         return f"{self.prefix}.join-state"
 
     @property
+    def rollout(self) -> str:
+        """The rollout controller's state, heartbeat and audit log (compacted; internal)."""
+        return f"{self.prefix}.rollout"
+
+    @property
+    def gateway_health(self) -> str:
+        """The gateway proxies' answer health (version, latency, success), for the controller (internal)."""
+        return f"{self.prefix}.gateway-health"
+
+    @property
     def join_pairs(self) -> str:
         """Preferences on their way to the joiner task of their other request (internal)."""
         return f"{self.prefix}.join-pairs"
@@ -59,3 +69,5 @@ def ensure_topics(bus: Bus, topics: Topics, partitions: int) -> None:
     count = bus.partitions(topics.interactions)
     bus.create_topic(topics.join_state, count, compact=True)
     bus.create_topic(topics.join_pairs, count)
+    bus.create_topic(topics.rollout, 1, compact=True)
+    bus.create_topic(topics.gateway_health, 1)

@@ -26,10 +26,11 @@ class HealthLog:
         self._lock = threading.Lock()
         self.clock = clock
 
-    def record(self, version: str, latency_s: float, ok: bool) -> None:
+    def record(self, version: str, latency_s: float, ok: bool, at: float | None = None) -> None:
+        """One answer (`at`: when it ended; default now: a proxy's reports carry their own)."""
         with self._lock:
             answers = self._answers.setdefault(version, deque(maxlen=self._per_version))
-            answers.append((self.clock(), latency_s, ok))
+            answers.append((self.clock() if at is None else at, latency_s, ok))
 
     def health(self, version: str, since: float = 0.0) -> ArmHealth:
         with self._lock:

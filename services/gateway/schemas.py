@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ReasonIn", "StartIn", "WeightIn"]
+__all__ = ["ReasonIn", "RoutesIn", "StartIn", "WeightIn"]
 
 
 class _Strict(BaseModel):
@@ -28,3 +28,10 @@ class ReasonIn(_Strict):
     """POST /rollout/promote and /rollout/rollback."""
 
     reason: str | None = Field(default=None, max_length=500, description="Why, for the audit log.")
+
+
+class RoutesIn(_Strict):
+    """POST /rollout/routes."""
+
+    users: list[str] = Field(min_length=1, max_length=10_000,
+                             description="User ids (at most 10,000) whose arm to tell.")

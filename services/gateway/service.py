@@ -1,4 +1,5 @@
-"""The gateway's state: API keys, the replica pool, the rollout loop and the metrics.
+"""The gateway's state: API keys, the replica pool, the routing, the rollout loop (where this process
+runs it) and the metrics.
 
 Built once per app in `create_app`; routes reach it through `deps.ServiceDep`.
 """
@@ -14,7 +15,10 @@ from prometheus_client.registry import Collector
 from online_rl.config import Settings
 from online_rl.ingest import ApiKeyStore, TokenBuckets
 from online_rl.rollout.driver import RolloutLoop
+from online_rl.rollout.shared import RolloutFeed
+from services.gateway.leader import Leadership
 from services.gateway.replicas import ReplicaPool
+from services.gateway.routing import Routing
 
 __all__ = ["GatewayService", "Metrics"]
 
@@ -26,9 +30,11 @@ class _Live(Collector):
         self._service = service
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        state = self._service.loop.controller.state
+        state = self._service.routing.state
         weight = state.weight if state is not None and state.active else 0.0
         yield GaugeMetricFamily("orl_rollout_challenger_weight", "Challenger share of traffic", value=weight)
+        yield GaugeMetricFamily("orl_gateway_controller_leader", "1 while this process runs the rollout",
+                                value=float(self._service.loop is not None))
         down = GaugeMetricFamily("orl_gateway_replica_down", "1 while a replica is skipped",
                                  labels=["replica"])
         now = self._service.pool.clock()
@@ -53,11 +59,23 @@ class Metrics:
 class GatewayService:
     """Everything a request needs."""
 
-    def __init__(self, settings: Settings, pool: ReplicaPool, loop: RolloutLoop) -> None:
+    def __init__(self, settings: Settings, pool: ReplicaPool, routing: Routing,
+                 loop: RolloutLoop | None = None, feed: RolloutFeed | None = None,
+                 leadership: Leadership | None = None) -> None:
         api = settings.gateway
         self.settings = settings
         self.keys = ApiKeyStore.from_sources(api.api_keys, api.api_keys_file)
         self.buckets = TokenBuckets(api.rate_limit_per_s, api.rate_burst)  # requests per API key
         self.pool = pool
-        self.loop = loop
+        self.routing = routing
+        self.feed = feed  # roles proxy and controller: the rollout as the bus has it
+        self.leadership = leadership  # role controller
+        self._loop = loop  # role all
         self.metrics = Metrics(self)
+
+    @property
+    def loop(self) -> RolloutLoop | None:
+        """The rollout loop, where this process runs it (role all; a controller holding the lease)."""
+        if self.leadership is not None:
+            return self.leadership.loop
+        return self._loop

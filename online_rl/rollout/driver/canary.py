@@ -68,14 +68,15 @@ class RolloutLoop:
     """One gateway's rollouts: state, evidence and the replicas' adapters."""
 
     def __init__(self, settings: Settings, pool: Replicas, bus: Bus, client: MlflowClient,
-                 gate: Gate | None = None, clock: Callable[[], float] = time.time) -> None:
+                 gate: Gate | None = None, clock: Callable[[], float] = time.time,
+                 store: RolloutStore | None = None) -> None:
         self.config = settings.gateway.rollout
         self.registered = settings.mlflow.registered_model
         self.base_model = settings.model.name
         self.holdout = settings.gateway.holdout
         self.plan = plan_from_config(self.config)
         self.controller = RolloutController(client, self.registered, self.plan,
-                                            RolloutStore(settings.rollout_dir), clock)
+                                            store or RolloutStore(settings.rollout_dir), clock)
         self.pool, self.bus, self.client, self.gate, self.clock = pool, bus, client, gate, clock
         self.topics = settings.topics
         self.tally = RewardTally(self.config.reward_bucket_s)

@@ -85,7 +85,7 @@ def _route(service: GatewayService, body: dict[str, Any], caller: KeyInfo, overr
         raise ApiError(403, "permission_error", f"{exc}; leave `user` out (the key's own user is "
                        "used) or send that user's key", field="user", code="user_mismatch") from exc
     try:
-        return service.loop.route(user, override), user
+        return service.routing.route(user, override), user
     except ValueError as exc:
         raise ApiError(400, "invalid_request_error", str(exc), field="X-ORL-Version") from exc
 
@@ -106,7 +106,7 @@ async def _relay(service: GatewayService, request: Request, path: str, caller: K
         service.metrics.failovers.inc(upstream.attempts - 1)
     response = upstream.response
     headers = {"X-ORL-Version": route.model, "X-ORL-Arm": route.arm}
-    state = service.loop.controller.state
+    state = service.routing.state
     if state is not None and state.active:
         headers["X-ORL-Rollout"] = state.rollout_id
     headers |= {k: response.headers[k] for k in _RELAYED if k in response.headers}
@@ -147,8 +147,7 @@ async def _stream(service: GatewayService, route: Route, response: aiohttp.Clien
 
 def _done(service: GatewayService, route: Route, started: float, ok: bool) -> None:
     elapsed = time.perf_counter() - started
-    loop = service.loop
     if not route.forced:  # a tester's forced requests are not the arm's evidence
-        loop.health.record(loop.key(route.model), elapsed, ok)
+        service.routing.record(route.model, elapsed, ok)
     service.metrics.requests.labels(route.model, route.arm, "ok" if ok else "error").inc()
     service.metrics.latency.labels(route.arm).observe(elapsed)

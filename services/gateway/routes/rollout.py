@@ -1,19 +1,67 @@
 """The rollout control API (scope `admin`): status, history, reward series, start, pause, resume,
-set the weight, promote, roll back. Every change is audited with the caller's key id."""
+set the weight, promote, roll back. Every change is audited with the caller's key id.
+
+Where this process does not run the rollout (a proxy; a controller standing by) the call is relayed,
+with the caller's key, to the controller that does, as its newest heartbeat on the bus names it; with
+no controller alive the answer is 503 (the proxies keep routing by the last rollout state).
+`POST /rollout/routes` is answered by this process: the arm and version it gives each user.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+import httpx
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from online_rl.ingest import KeyInfo
+from online_rl.rollout.driver import RolloutLoop
+from services.common.errors import ApiError
 from services.gateway.deps import AdminDep, ServiceDep
-from services.gateway.schemas import ReasonIn, StartIn, WeightIn
+from services.gateway.schemas import ReasonIn, RoutesIn, StartIn, WeightIn
+from services.gateway.service import GatewayService
 
-__all__ = ["router"]
+__all__ = ["ForwardToController", "forward", "router"]
 
 router = APIRouter(prefix="/rollout", tags=["rollout"])
+
+
+class ForwardToController(Exception):
+    """This process does not run the rollout: the call goes to the one that does (`forward`)."""
+
+
+def _loop(service: ServiceDep, admin: AdminDep) -> RolloutLoop:
+    loop = service.loop
+    if loop is None:
+        raise ForwardToController()
+    return loop
+
+
+LoopDep = Annotated[RolloutLoop, Depends(_loop)]
+
+
+async def forward(request: Request, service: GatewayService) -> Response:
+    """Relay the admin call to the controller that runs the rollout."""
+    feed, api = service.feed, service.settings.gateway
+    url = feed.controller.get("url") if feed is not None else None
+    age = feed.heartbeat_age() if feed is not None else None
+    limit = api.lease_duration_s + 3 * api.rollout.interval_s
+    if not isinstance(url, str) or age is None or age > limit:
+        heard = "never" if age is None else f"{age:.0f} s ago"
+        raise ApiError(503, "service_unavailable", "no rollout controller is alive (last heard from "
+                       f"{heard}); the proxies keep routing by the last rollout state. Start a gateway "
+                       "with role controller, or wait for a standby to take the lease", code="no_controller",
+                       headers={"Retry-After": str(max(1, round(api.lease_duration_s / 3)))})
+    headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+    try:
+        async with httpx.AsyncClient(timeout=api.read_timeout_s) as client:
+            answer = await client.request(request.method, url + request.url.path, params=request.query_params,
+                                          content=await request.body(), headers=headers)
+    except httpx.HTTPError as exc:
+        raise ApiError(503, "service_unavailable", f"the rollout controller at {url} did not answer ({exc}); "
+                       "retry", code="no_controller", headers={"Retry-After": "1"}) from exc
+    return Response(answer.content, status_code=answer.status_code,
+                    media_type=answer.headers.get("content-type", "application/json"))
 
 
 def _actor(admin: KeyInfo) -> str:
@@ -21,63 +69,86 @@ def _actor(admin: KeyInfo) -> str:
 
 
 @router.get("")
-async def status(service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
+async def status(loop: LoopDep, service: ServiceDep) -> dict[str, Any]:
     """The rollout now: versions, weight, step, reward and health per arm, the comparison."""
-    return service.loop.status()
+    return _status(loop, service)
+
+
+def _status(loop: RolloutLoop, service: GatewayService) -> dict[str, Any]:
+    body = loop.status()
+    if service.leadership is not None:
+        lead = service.leadership
+        body["controller"] = {"identity": lead.lease.identity, "url": lead.url, "since": lead.since,
+                              "takeovers": lead.takeovers}
+    return body
+
+
+@router.post("/routes")
+async def routes(body: RoutesIn, service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
+    """The arm and version this process gives each of `users` now (every gateway process answers the
+    same: the split is a function of the rollout state and the user id). Nothing is forwarded."""
+    state = service.routing.state
+    out = []
+    for user in body.users:
+        route = service.routing.route(user)
+        out.append({"user": user, "arm": route.arm, "model": route.model})
+    return {"rollout_id": state.rollout_id if state is not None else None, "routes": out}
 
 
 @router.get("/history")
-async def history(service: ServiceDep, admin: AdminDep,
-                  limit: Annotated[int, Query(ge=1, le=10_000)] = 200) -> dict[str, Any]:
+async def history(loop: LoopDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 200) -> dict[str, Any]:
     """The audit log, newest last: every decision with its actor, reason and evidence."""
-    return {"entries": service.loop.controller.store.entries()[-limit:]}
+    return {"entries": loop.controller.store.entries()[-limit:]}
 
 
 @router.get("/series")
-async def series(service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
+async def series(loop: LoopDep) -> dict[str, Any]:
     """Reward per version over time (time buckets with 95% bands), for the page's chart."""
-    return {"bucket_s": service.loop.tally.bucket_s, "versions": service.loop.series()}
+    return {"bucket_s": loop.tally.bucket_s, "versions": loop.series()}
 
 
 @router.post("/start", status_code=201, responses={409: {"description": "A rollout is already running."}})
-async def start(service: ServiceDep, admin: AdminDep, body: StartIn | None = None) -> dict[str, Any]:
+async def start(loop: LoopDep, service: ServiceDep, admin: AdminDep,
+                body: StartIn | None = None) -> dict[str, Any]:
     """Start a rollout of `version` (default: MLflow's `challenger`), loading it into every replica."""
-    await service.loop.control("start", _actor(admin), version=body.version if body else None)
-    return service.loop.status()
+    await loop.control("start", _actor(admin), version=body.version if body else None)
+    return _status(loop, service)
 
 
 @router.post("/pause", responses={409: {"description": "No running rollout."}})
-async def pause(service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
+async def pause(loop: LoopDep, service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
     """Freeze the traffic split; the plan takes no decision until resumed."""
-    await service.loop.control("pause", _actor(admin))
-    return service.loop.status()
+    await loop.control("pause", _actor(admin))
+    return _status(loop, service)
 
 
 @router.post("/resume", responses={409: {"description": "No paused rollout."}})
-async def resume(service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
+async def resume(loop: LoopDep, service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
     """Resume a paused rollout (the step's clock restarts)."""
-    await service.loop.control("resume", _actor(admin))
-    return service.loop.status()
+    await loop.control("resume", _actor(admin))
+    return _status(loop, service)
 
 
 @router.put("/weight", responses={409: {"description": "No active rollout."}})
-async def set_weight(body: WeightIn, service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
+async def set_weight(body: WeightIn, loop: LoopDep, service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
     """Set the challenger's share of traffic by hand (the plan's next step may move it again)."""
-    await service.loop.control("set_weight", _actor(admin), weight=body.weight)
-    return service.loop.status()
+    await loop.control("set_weight", _actor(admin), weight=body.weight)
+    return _status(loop, service)
 
 
 @router.post("/promote", responses={409: {"description": "No active rollout."}})
-async def promote(service: ServiceDep, admin: AdminDep, body: ReasonIn | None = None) -> dict[str, Any]:
+async def promote(loop: LoopDep, service: ServiceDep, admin: AdminDep,
+                  body: ReasonIn | None = None) -> dict[str, Any]:
     """Promote the challenger now: MLflow's `champion` moves to it; everyone gets it."""
     reason = body.reason if body else None
-    await service.loop.control("promote", _actor(admin), reason=reason)
-    return service.loop.status()
+    await loop.control("promote", _actor(admin), reason=reason)
+    return _status(loop, service)
 
 
 @router.post("/rollback", responses={409: {"description": "No active rollout."}})
-async def rollback(service: ServiceDep, admin: AdminDep, body: ReasonIn | None = None) -> dict[str, Any]:
+async def rollback(loop: LoopDep, service: ServiceDep, admin: AdminDep,
+                   body: ReasonIn | None = None) -> dict[str, Any]:
     """Roll the challenger back now: traffic to 0, `champion` kept, the adapter unloaded."""
     reason = body.reason if body else None
-    await service.loop.control("rollback", _actor(admin), reason=reason)
-    return service.loop.status()
+    await loop.control("rollback", _actor(admin), reason=reason)
+    return _status(loop, service)
