@@ -243,7 +243,7 @@ def _unbounded_joiner() -> type:
     from online_rl.stream import Joiner
 
     class Unbounded(Joiner):
-        def _bounded(self, event: Any, ahead: float) -> Any:
+        def _bounded(self, task: Any, event: Any, ahead: float) -> Any:
             return event
 
         def _watermark_limit(self) -> float:
@@ -296,11 +296,11 @@ def run_future_event(bootstrap: str, control: bool, phase_s: float, rate: float 
                   transactional_id=f"j-{topics.prefix}", topics=topics)
 
     def run_for(seconds: float) -> int:
-        before = joiner.state.stats.get("joined", 0)
+        before = joiner.stats.get("joined", 0)
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             joiner.step(max_records=500, timeout=0.2)
-        return int(joiner.state.stats.get("joined", 0) - before)
+        return int(joiner.stats.get("joined", 0) - before)
 
     try:
         run_for(6.0)  # warm-up: the group joins, the first windows close
