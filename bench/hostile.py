@@ -147,15 +147,21 @@ def hostile_records(topic: str, count: int, seed: int = 0) -> list[bytes]:
     return out[:count]
 
 
-def _rejected(data: bytes, topic: str) -> bool:
+def _rejected(data: bytes, topic: str, key: bytes, partitions: int) -> bool:
+    """Whether the consumer must dead-letter the record: it does not decode, or (the joiner's inputs)
+    its request id belongs on another partition than its key put it on (the join would never meet its
+    other half there)."""
+    from online_rl.bus import partition_for
     from online_rl.errors import DecodeError
     from online_rl.events import Feedback, Interaction, TrainingSample, decode
 
     kind: Any = {"interactions": Interaction, "feedback": Feedback, "samples": TrainingSample}[topic]
     try:
-        decode(data, kind)
+        event = decode(data, kind)
     except DecodeError:
         return True
+    if topic in ("interactions", "feedback"):
+        return bool(partition_for(event.request_id.encode(), partitions) != partition_for(key, partitions))
     return False
 
 
@@ -176,7 +182,7 @@ def run_records(bootstrap: str, count: int, seed: int = 0, partitions: int = 2) 
         name = getattr(topics, topic)
         for i, data in enumerate(hostile_records(topic, count, seed)):
             key = f"{topic}-{i}"
-            expected[(name, key)] = _rejected(data, topic)
+            expected[(name, key)] = _rejected(data, topic, key.encode(), partitions)
             producer.produce(name, data, key.encode())
         producer.flush(120)
     print(f"  wrote {len(expected)} records in {time.monotonic() - started:.1f} s", flush=True)
