@@ -460,6 +460,7 @@ class Trainer:
         state.pending_publish = None
         self.published.append(published)
         self.metrics.published_version.set(int(published.version))
+        self.metrics.published_at.set(state.last_publish)
         logger.warning("adopted %s (version %s), registered under the key of the publish at step %d before "
                        "the trainer stopped", published.serving_name, published.version, pending["step"],
                        extra={"event": "publish_adopted", "step": pending["step"],
@@ -604,6 +605,7 @@ class Trainer:
         self.metrics.lag.set(metrics["lag"])
         self.metrics.loss.set(metrics["loss"])
         self.metrics.step_seconds.observe(metrics["step_s"])
+        self.metrics.stepped_at.set(time.time())
         self.mlflow_run.log_metrics(metrics, state.step)
         self.metrics.metrics_waiting.set(self.mlflow_run.metrics_waiting)
         logger.info("step %d: %d samples, loss %.4f, %.0f tokens/s", state.step, routed.trained,
@@ -697,6 +699,7 @@ class Trainer:
         state.cold_since_publish = 0
         self.published.append(published)
         self.metrics.published_version.set(int(published.version))
+        self.metrics.published_at.set(state.last_publish)
         logger.info("published %s (version %s) at step %d", published.serving_name, published.version,
                     state.step, extra={"event": "published", "step": state.step, "version": published.version,
                                     "serving_name": published.serving_name, "offsets": offsets})

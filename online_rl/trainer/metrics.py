@@ -32,3 +32,8 @@ class TrainerMetrics:
         self.published_version = Gauge("orl_trainer_last_published_version",
                                        "Registry version number of the last published adapter (0: none).",
                                        registry=self.registry)
+        self.published_at = Gauge("orl_trainer_last_publish_timestamp_seconds",
+                                  "When the last adapter was published (Unix seconds; 0: none yet): the age "
+                                  "of what learning has delivered.", registry=self.registry)
+        self.stepped_at = Gauge("orl_trainer_last_step_timestamp_seconds",
+                                "When the last optimizer step ended (Unix seconds).", registry=self.registry)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from online_rl.config import Settings
@@ -29,12 +29,37 @@ class _Live(Collector):
     def __init__(self, service: GatewayService) -> None:
         self._service = service
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         state = self._service.routing.state
         weight = state.weight if state is not None and state.active else 0.0
         yield GaugeMetricFamily("orl_rollout_challenger_weight", "Challenger share of traffic", value=weight)
+        loop = self._service.loop
         yield GaugeMetricFamily("orl_gateway_controller_leader", "1 while this process runs the rollout",
-                                value=float(self._service.loop is not None))
+                                value=float(loop is not None))
+        if loop is None:
+            return
+        # Where the rollout runs: the evidence it judges by, for dashboards and alerts.
+        count = CounterMetricFamily("orl_rollout_rewards", "Rewards joined per version (0-1 scale) since the "
+                                    "controller started reading the samples topic", labels=["version"])
+        total = CounterMetricFamily("orl_rollout_reward_sum", "Sum of those rewards per version; "
+                                    "rate(sum) / rate(count) is the mean reward over time",
+                                    labels=["version"])
+        for version in loop.tally.versions():
+            stats = loop.tally.stats(version)
+            count.add_metric([version], stats.n)
+            total.add_metric([version], stats.mean * stats.n if stats.n else 0.0)
+        yield count
+        yield total
+        lacking = GaugeMetricFamily("orl_rollout_replica_lacking", "1 while a replica lacks a version it "
+                                    "should serve (it failed to load it; retried every interval)",
+                                    labels=["replica"])
+        for replica in self._service.pool.replicas:
+            lacking.add_metric([replica.url], float(replica.url in loop.lagging))
+        yield lacking
+        running = state is not None and state.status == "running"
+        age = loop.clock() - state.step_started if running and state is not None else 0.0
+        yield GaugeMetricFamily("orl_rollout_step_age_seconds", "How long the running rollout step has "
+                                "waited for its verdict (0 when none runs)", value=age)
         down = GaugeMetricFamily("orl_gateway_replica_down", "1 while a replica is skipped",
                                  labels=["replica"])
         now = self._service.pool.clock()
