@@ -913,6 +913,7 @@ class LaunchConfig(BaseModel):
     kafka_port: int = Field(default=9092, ge=1, le=65534, description="Local broker (+1: its controller).")
     mlflow_port: int = Field(default=5000, ge=1, le=65535, description="The MLflow tracking server and UI.")
     trainer_metrics_port: int = Field(default=9400, ge=1, le=65535, description="The trainer's /metrics.")
+    joiner_metrics_port: int = Field(default=9108, ge=1, le=65535, description="The joiner's /metrics.")
     ready_timeout_s: float = Field(default=300.0, gt=0, description="How long a component may take to start.")
     stop_timeout_s: float = Field(
         default=30.0, gt=0, description="How long `down` waits for a component to exit before killing it."

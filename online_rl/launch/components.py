@@ -185,6 +185,7 @@ def plan(
     signs = "ORL_MLFLOW__TRUSTED_SIGNERS" in inference_env
     inference_url, feedback_url = wiring.inference_url, wiring.feedback_url
     gateway_url, metrics_url = wiring.gateway_url, wiring.trainer_metrics_url
+    joiner_metrics_url = f"http://127.0.0.1:{launch.joiner_metrics_port}"
     components = [
         _mlflow_server(settings, wiring, registry),
         Component(
@@ -202,7 +203,13 @@ def plan(
             f"{feedback_url}/readyz",
             f"{feedback_url}/v1/feedback",
         ),
-        Component("joiner", _cli("join"), {}),
+        Component(
+            "joiner",
+            _cli("join", "--metrics-port", str(launch.joiner_metrics_port)),
+            {launch.joiner_metrics_port: "launch.joiner_metrics_port"},
+            f"{joiner_metrics_url}/metrics",
+            f"{joiner_metrics_url}/metrics",
+        ),
         Component(
             "trainer",
             _cli("trainer", "--metrics-port", str(launch.trainer_metrics_port)),

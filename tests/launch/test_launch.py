@@ -53,7 +53,8 @@ def _config(root: Path, model: Path, kafka: dict[str, str] | None) -> tuple[Sett
                     "rollout": {"interval_s": 1, "steps": [0.5, 1.0], "min_samples": 5}},
         "ray": {"num_cpus": 2},
         "launch": {"run_dir": str(root / "run"), "mlflow_port": _free_port(),
-                   "trainer_metrics_port": _free_port(), "ready_timeout_s": 240, "bus": "embedded",
+                   "trainer_metrics_port": _free_port(), "joiner_metrics_port": _free_port(),
+                   "ready_timeout_s": 240, "bus": "embedded",
                    "max_restarts": 1, "restart_backoff_s": 0.5},
     }
     if kafka:
