@@ -36,6 +36,8 @@ from tests.deploy.chart import (
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 CUSTOM_GROUPS = ("ray.io/", "kafka.strimzi.io/", "monitoring.coreos.com/")
 IDS = [f.stem for f in VALUES_FILES]
+# The gateway's pods, and the gateway.role of each in split mode (without it there is one pod, role all).
+GATEWAYS = {"gateway": "proxy", "gateway-controller": "controller"}
 
 
 @pytest.fixture(scope="module", params=VALUES_FILES, ids=IDS)
@@ -161,6 +163,7 @@ def test_each_component_loads_its_settings_and_finds_the_others(
         rendered: tuple[Path, list[dict[str, Any]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     values, objects = rendered
     spec = yaml.safe_load(values.read_text())
+    split = spec.get("gateway", {}).get("split", {}).get("enabled", False)
     services = {s["metadata"]["name"]: s for s in by_kind(objects, "Service")}
     checked = set()
     for pod in pods(objects):
@@ -170,14 +173,15 @@ def test_each_component_loads_its_settings_and_finds_the_others(
             settings = settings_of(pod, container, objects, tmp_path, monkeypatch)
             checked.add(pod.component)
             ports = pod.ports()
+            gateway = pod.component in GATEWAYS
             section = {"inference": settings.inference, "feedback": settings.feedback_api,
-                       "gateway": settings.gateway}.get(pod.component)
+                       "gateway": settings.gateway, "gateway-controller": settings.gateway}.get(pod.component)
             if section is not None:  # the service listens where its probes and Service look
                 assert ports["http"] == section.port and section.host == "0.0.0.0"
                 for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
                     if probe in container:
                         assert container[probe]["httpGet"]["port"] in ("http", section.port)
-                keys_file = settings.gateway.api_keys_file if pod.component == "gateway" else (
+                keys_file = settings.gateway.api_keys_file if gateway else (
                     settings.inference.api_keys_file if pod.component == "inference" else
                     settings.feedback_api.api_keys_file)
                 mount = next(m for m in container["volumeMounts"] if m["name"] == "api-keys")
@@ -196,7 +200,8 @@ def test_each_component_loads_its_settings_and_finds_the_others(
                 topics = {t["spec"]["topicName"] for t in by_kind(objects, "KafkaTopic")}
                 prefix = settings.bus.topic_prefix
                 assert topics == {f"{prefix}.{n}" for n in ("interactions", "feedback", "samples", "dlq",
-                                                            "join-state", "join-pairs")}
+                                                            "join-state", "join-pairs", "rollout",
+                                                            "gateway-health")}
             else:
                 assert settings.kafka.bootstrap_servers == spec["kafka"]["external"]["bootstrapServers"]
             # MLflow: the release's Service, or the given server
@@ -206,7 +211,7 @@ def test_each_component_loads_its_settings_and_finds_the_others(
                 assert int(port) in [p["port"] for p in services[host]["spec"]["ports"]]
             else:
                 assert uri == spec["mlflow"]["external"]["trackingUri"]
-            if pod.component == "gateway":  # the replicas: every address of the inference pods' Service
+            if gateway:  # the replicas: every address of the inference pods' Service
                 (source,) = settings.gateway.replicas
                 host, port = source.removeprefix("dns+http://").split(":")
                 assert services[host]["spec"]["clusterIP"] == "None"
@@ -214,7 +219,11 @@ def test_each_component_loads_its_settings_and_finds_the_others(
                 inference = [p for p in pods(objects) if p.component == "inference"]
                 # the name resolves to pod IPs: the port is the pods' own, not the Service's
                 assert all(p.ports()["http"] == int(port) for p in inference)
-                _assert_on_volume(pod, container, settings.rollout_dir)
+                # the single gateway keeps the rollout's state on its volume; in split mode it is on the
+                # bus (test_chart_gateway.py), and the proxies keep none
+                assert settings.gateway.role == (GATEWAYS[pod.component] if split else "all")
+                if settings.gateway.role == "all":
+                    _assert_on_volume(pod, container, settings.rollout_dir)
             if pod.component == "trainer-head":
                 _assert_on_volume(pod, container, settings.checkpoint_dir)
                 assert settings.ray.address == "auto"  # the RayJob's driver joins its own cluster
@@ -351,6 +360,14 @@ REFUSED = [
     (("config.kafka.bootstrap_servers=x:9092",),
      "config.kafka.bootstrap_servers is set by the chart (it wires the components together)"),
     (("config.gateway.replicas[0]=http://x:1",), "config.gateway.replicas is set by the chart"),
+    (("config.gateway.role=proxy",), "config.gateway.role is set by the chart (it wires the components "
+     "together); remove it from your values (see docs/deploy.md); gateway.split.enabled runs the gateway as "
+     "proxies and leader-elected controllers"),
+    (("config.gateway.lease_name=mine",), "config.gateway.lease_name is set by the chart"),
+    (("gateway.split.enabled=true", "gateway.split.rbac.create=false"), "gateway.split.serviceAccountName is "
+     "required when gateway.split.rbac.create is false: name a ServiceAccount allowed to create, get and "
+     "update the controller's Lease"),
+    (("gateway.split.proxies=0",), "at '/gateway/split/proxies': minimum: got 0, want 1"),
     (("config.kafka.sasl_password=x",), "config.kafka.sasl_password is set by the chart (it wires the "
      "components together); remove it from your values (see docs/deploy.md); Kafka's security comes from "
      "kafka.mode"),

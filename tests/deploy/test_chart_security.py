@@ -5,7 +5,7 @@ and the version-signing key (only the trainer holds it; the inference pods trust
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,14 +33,17 @@ EXTERNAL = CHART / "ci" / "external-values.yaml"
 IDS = [f.stem for f in VALUES_FILES]
 
 # The pods whose code opens the bus, and the component each one is on Kafka (the trainer's driver runs
-# on the Ray head; its workers never touch Kafka).
-KAFKA_CLIENTS = {"feedback": "feedback", "inference": "inference", "gateway": "gateway", "joiner": "joiner",
-                 "trainer-head": "trainer"}
+# on the Ray head; its workers never touch Kafka; the gateway's proxies and controllers are one user).
+KAFKA_CLIENTS = {"feedback": "feedback", "inference": "inference", "gateway": "gateway",
+                 "gateway-controller": "gateway", "joiner": "joiner", "trainer-head": "trainer"}
 
 # Consumer groups the code names at run time rather than in the settings, and where.
 # the gateway's tally, one per start
 ROLLOUT_GROUP_PREFIX = ("orl-rollout-", "online_rl/rollout/driver/canary.py")
-READ_ALL_GROUP_PREFIX = ("read-all-", "online_rl/bus/base.py")  # Bus.read_all: the joiner's restore
+# the gateway's feed of the rollout topic (split mode), one per start
+ROLLOUT_FEED_GROUP_PREFIX = ("orl-rollout-", "online_rl/rollout/shared.py")
+# Bus.read_all: the joiner's restore, the gateway controller's reload of the rollout topic
+READ_ALL_GROUP_PREFIX = ("read-all-", "online_rl/bus/base.py")
 PROBE_GROUP = ("orl-probe", "online_rl/bus/kafka.py")  # KafkaBus.end_offsets' probe consumer
 # Each joiner replica's transactional id, from its join.instance (the chart gives it the pod's name)
 JOINER_TRANSACTIONAL_ID = ("orl-joiner-{join.instance}", "online_rl/cli/bus.py")
@@ -57,10 +60,32 @@ class Uses:
     described_groups: set[str] = field(default_factory=set)
     transactional_id_prefixes: set[str] = field(default_factory=set)
 
+    def __or__(self, other: Uses) -> Uses:
+        return Uses(*(getattr(self, f.name) | getattr(other, f.name) for f in fields(self)))
+
 
 def _named_in_code(name: tuple[str, str]) -> str:
     assert name[0] in (ROOT / name[1]).read_text(), f"{name[0]!r} is no longer in {name[1]}: update this test"
     return name[0]
+
+
+def _gateway_uses(settings: Settings) -> Uses:
+    """The gateway's use of the bus in its role (services/gateway/main.py)."""
+    topics = settings.topics
+    tally = Uses(reads={topics.samples}, group_prefixes={_named_in_code(ROLLOUT_GROUP_PREFIX)})
+    if settings.gateway.role == "all":  # the rollout loop's tally; its state is in a folder
+        return tally
+    # every proxy and controller tails the rollout topic (RolloutFeed, sized by end_offsets' probe) and
+    # reports its answers' health (HealthReporter)
+    proxy = Uses(reads={topics.rollout}, writes={topics.gateway_health},
+                 group_prefixes={_named_in_code(ROLLOUT_FEED_GROUP_PREFIX)},
+                 described_groups={_named_in_code(PROBE_GROUP)})
+    if settings.gateway.role == "proxy":
+        return proxy
+    # the leader also tallies, reads the health reports, writes the state, heartbeat and audit
+    # (BusRolloutStore) and reloads them with Bus.read_all
+    return proxy | tally | Uses(reads={topics.gateway_health, topics.rollout}, writes={topics.rollout},
+                                group_prefixes={_named_in_code(READ_ALL_GROUP_PREFIX)})
 
 
 def _code_uses(settings: Settings) -> dict[str, Uses]:
@@ -71,7 +96,7 @@ def _code_uses(settings: Settings) -> dict[str, Uses]:
     return {
         "feedback": Uses(writes={topics.feedback}),  # services/feedback/service.py
         "inference": Uses(writes={topics.interactions}),  # services/inference -> InteractionLogger
-        "gateway": Uses(reads={topics.samples}, group_prefixes={_named_in_code(ROLLOUT_GROUP_PREFIX)}),
+        "gateway": _gateway_uses(settings),
         "joiner": Uses(reads={topics.interactions, topics.feedback, topics.join_state, topics.join_pairs},
                        writes={topics.samples, topics.join_state, topics.join_pairs, topics.dlq},
                        groups={joiner["group_id"].default},
@@ -189,25 +214,26 @@ def test_each_kafka_client_is_its_own_user_allowed_only_what_its_code_does(
     users = {u["metadata"]["labels"]["app.kubernetes.io/component"]: u for u in by_kind(objects, "KafkaUser")}
     cluster = kafka["metadata"]["name"]
     assert all(u["metadata"]["labels"]["strimzi.io/cluster"] == cluster for u in users.values())
-    seen = set()
+    expected: dict[str, set[Acl]] = {}  # a user's pods may do different things (the gateway's roles)
     for pod, container in _kafka_clients(objects):
         settings = settings_of(pod, container, objects, tmp_path, monkeypatch)
         component = KAFKA_CLIENTS[pod.component]
-        user = users[component]
-        name = user["metadata"]["name"]
-        assert user["spec"]["authentication"] == {"type": "scram-sha-512"}
+        name = users[component]["metadata"]["name"]
+        assert users[component]["spec"]["authentication"] == {"type": "scram-sha-512"}
         assert settings.kafka.security_protocol == "SASL_SSL"
         assert settings.kafka.sasl_mechanism == "SCRAM-SHA-512"
         assert settings.kafka.sasl_username == name  # its own user, and the password of that user
         assert _secret_ref(container, "ORL_KAFKA__SASL_PASSWORD") == {"name": name, "key": "password"}
         _assert_file_from_secret(pod, container, settings.kafka.ssl_ca_location,
                                  f"{cluster}-cluster-ca-cert", "ca.crt")
-        expected = _expected_acls(_code_uses(settings)[component], _created_at_start(settings))
-        rendered = _rendered_acls(user)
-        assert rendered == expected, (f"{name}: more than its code needs: {sorted(rendered - expected)}; "
-                                      f"missing: {sorted(expected - rendered)}")
-        seen.add(component)
-    assert seen == set(users), f"KafkaUsers nobody uses: {set(users) - seen}"
+        uses = _expected_acls(_code_uses(settings)[component], _created_at_start(settings))
+        expected[component] = expected.get(component, set()) | uses
+    assert set(expected) == set(users), f"KafkaUsers nobody uses: {set(users) - set(expected)}"
+    for component, user in users.items():
+        name, rendered = user["metadata"]["name"], _rendered_acls(user)
+        assert rendered == expected[component], (
+            f"{name}: more than its code needs: {sorted(rendered - expected[component])}; "
+            f"missing: {sorted(expected[component] - rendered)}")
     names = [u["metadata"]["name"] for u in users.values()]
     assert len(set(names)) == len(names)
 
@@ -316,8 +342,11 @@ def test_only_the_trainer_holds_the_signing_key_and_inference_trusts_it(
 # -- MLflow's sign-in -----------------------------------------------------------------------------
 
 # The pods whose code talks to MLflow, and the MLflow user each one is (online_rl/registry/access.py's
-# roles): the trainer registers versions, the gateway's rollout controller moves the aliases, serving reads.
-MLFLOW_CLIENTS = {"trainer-head": "trainer", "gateway": "gateway", "inference": "inference"}
+# roles): the trainer registers versions, the gateway's rollout controller moves the aliases (the single
+# gateway, or in split mode the controllers: the proxies never talk to MLflow), serving reads.
+MLFLOW_CLIENTS = {"trainer-head": "trainer", "gateway": "gateway", "gateway-controller": "gateway",
+                  "inference": "inference"}
+MLFLOW_USERS = sorted(set(MLFLOW_CLIENTS.values()))
 
 
 def _mlflow_user(container: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -346,7 +375,9 @@ def test_each_mlflow_client_signs_in_as_its_own_user_with_only_its_rights(values
     secret = spec.get("mlflow", {}).get("auth", {}).get("existingSecret") or "orl-online-rl-mlflow-auth"
     users = _mlflow_users_by_component(objects)
     trainer = spec.get("trainer", {}).get("enabled", True)
-    assert set(users) == {c for c in MLFLOW_CLIENTS if trainer or c != "trainer-head"}  # nobody else signs in
+    split = spec.get("gateway", {}).get("split", {}).get("enabled", False)
+    gateway = "gateway-controller" if split else "gateway"  # in split mode the proxies do not sign in
+    assert set(users) == {"inference", gateway} | ({"trainer-head"} if trainer else set())  # nobody else does
     for component, (username, password) in users.items():
         role = MLFLOW_CLIENTS[component]
         assert username == {"name": secret, "key": f"{role}-username"}, component
@@ -356,7 +387,7 @@ def test_each_mlflow_client_signs_in_as_its_own_user_with_only_its_rights(values
     # version and to move an alias, and the gateway's rollout controller must move them)
     from online_rl.registry.access import GRANTS, MODEL
 
-    assert set(GRANTS) == set(MLFLOW_CLIENTS.values())
+    assert set(GRANTS) == set(MLFLOW_USERS)
     assert GRANTS["inference"] == ()  # read-only: the default permission, READ
     writers = {role for role, grants in GRANTS.items() if ("registered_model", MODEL, "MANAGE") in grants}
     assert writers == {"trainer", "gateway"}  # the gateway's rollout controller moves the aliases
@@ -408,9 +439,9 @@ def test_the_mlflow_server_runs_the_sign_in_app_and_gives_each_user_its_rights(v
                                                                  "key": "admin-password"}
     assert _secret_ref(server, "MLFLOW_FLASK_SERVER_SECRET_KEY")["key"] == "flask-secret-key"
     passwords = [data["admin-password"], data["flask-secret-key"],
-                 *(data[f"{role}-password"] for role in MLFLOW_CLIENTS.values())]
+                 *(data[f"{role}-password"] for role in MLFLOW_USERS)]
     assert len(set(passwords)) == len(passwords) and min(map(len, passwords)) >= 12  # MLflow's minimum
-    assert all(data[f"{role}-username"] == role for role in MLFLOW_CLIENTS.values())
+    assert all(data[f"{role}-username"] == role for role in MLFLOW_USERS)
     # before the pod is ready, `online-rl registry grant` makes each user with its rights, from the Secret
     command = server["lifecycle"]["postStart"]["exec"]["command"]
     assert command[:3] == ["online-rl", "registry", "grant"]
@@ -419,7 +450,7 @@ def test_the_mlflow_server_runs_the_sign_in_app_and_gives_each_user_its_rights(v
         m["name"] for m in server["volumeMounts"] if Path(m["mountPath"]) == folder)]
     assert volume["secret"]["secretName"] == "orl-online-rl-mlflow-auth"
     assert {i["key"] for i in volume["secret"]["items"]} == {
-        f"{role}-{what}" for role in MLFLOW_CLIENTS.values() for what in ("username", "password")}
+        f"{role}-{what}" for role in MLFLOW_USERS for what in ("username", "password")}
     assert all(i["path"] == i["key"] for i in volume["secret"]["items"])
     assert command[command.index("--registered-model") + 1] == spec.get("config", {}).get("mlflow", {}).get(
         "registered_model", "online-rl-policy")

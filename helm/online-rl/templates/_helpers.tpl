@@ -103,9 +103,12 @@ public keys serving trusts). Required: serving loads nothing unsigned. */}}
 {{- $c := deepCopy (.Values.config | default dict) -}}
 {{- $kafkaHint := "; Kafka's security comes from kafka.mode (strimzi: TLS and a SCRAM user per component) or kafka.external.securityProtocol, saslMechanism, credentialsSecret and caFromSecret" -}}
 {{- $signingHint := "; name the signing key's Secret in signing.existingSecret instead" -}}
+{{- $splitHint := "; gateway.split.enabled runs the gateway as proxies and leader-elected controllers (docs/deploy.md, Scaling the gateway)" -}}
 {{- $instead := dict "kafka.security_protocol" $kafkaHint "kafka.sasl_mechanism" $kafkaHint "kafka.sasl_username" $kafkaHint
   "kafka.sasl_password" $kafkaHint "kafka.ssl_ca_location" $kafkaHint
-  "mlflow.signing_key_file" $signingHint "mlflow.trusted_signers" $signingHint -}}
+  "mlflow.signing_key_file" $signingHint "mlflow.trusted_signers" $signingHint
+  "gateway.role" $splitHint "gateway.election" $splitHint "gateway.lease_name" $splitHint
+  "gateway.advertise_url" $splitHint "gateway.lock_file" $splitHint -}}
 {{- range $path := concat (list "kafka.bootstrap_servers") (keys $instead | sortAlpha) (list "mlflow.tracking_uri" "mlflow.artifact_root" "ray.address" "gateway.replicas" "gateway.upstream_api_key" "gateway.api_keys_file" "inference.api_keys_file" "feedback_api.api_keys_file" "trainer.checkpoint_dir" "gateway.rollout.state_dir" "inference.adapters_dir" "cache_dir" "inference.host" "gateway.host" "feedback_api.host" "bus.embedded_path") -}}
 {{- $parts := splitList "." $path -}}
 {{- $node := $c -}}
@@ -145,10 +148,15 @@ public keys serving trusts). Required: serving loads nothing unsigned. */}}
 
 {{/* Pod-level pieces every online-rl container shares. */}}
 {{- define "orl.podSecurity" -}}
+{{ include "orl.podSecurityAs" (dict "ctx" . "serviceAccount" (include "orl.serviceAccount" .)) }}
+{{- end -}}
+
+{{/* The same, under another ServiceAccount: (dict "ctx" $ "serviceAccount" "name") */}}
+{{- define "orl.podSecurityAs" -}}
 securityContext:
-  {{- toYaml .Values.podSecurityContext | nindent 2 }}
-serviceAccountName: {{ include "orl.serviceAccount" . }}
-{{- with .Values.imagePullSecrets }}
+  {{- toYaml .ctx.Values.podSecurityContext | nindent 2 }}
+serviceAccountName: {{ .serviceAccount }}
+{{- with .ctx.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}

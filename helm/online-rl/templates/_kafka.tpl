@@ -7,8 +7,10 @@ do there (its KafkaUser's ACLs, kafka-users.yaml). */}}
 {{- dig "bus" "partitions" 4 .Values.config | int -}}
 {{- end -}}
 
-{{/* The contract's topics and the joiner's internal ones (online_rl/bus/topics.py: <prefix>.<name>), as a
-JSON list; `about` says what the KafkaTopic holds. */}}
+{{/* The contract's topics and the internal ones of the joiner and the gateway (online_rl/bus/topics.py:
+<prefix>.<name>), as a JSON list; `about` says what the KafkaTopic holds; `retentionMs`, where set, replaces
+kafka.strimzi.retentionMs. Every component creates them all at start (ensure_topics), so they are here in
+every mode. */}}
 {{- define "orl.kafkaTopics" -}}
 {{- $partitions := include "orl.partitions" . | int -}}
 {{- $contract := "A contract topic (docs/event-log.md)." -}}
@@ -21,6 +23,10 @@ JSON list; `about` says what the KafkaTopic holds. */}}
     "about" "The joiner's compacted changelog (its window state).")
   (dict "name" "join-pairs" "partitions" $partitions "compact" false
     "about" "The joiner's internal topic: preferences on their way to the joiner task of their other request.")
+  (dict "name" "rollout" "partitions" 1 "compact" true
+    "about" "The gateway's compacted rollout topic: the rollout state, the controller's heartbeat, the audit log.")
+  (dict "name" "gateway-health" "partitions" 1 "compact" false "retentionMs" 3600000
+    "about" "The gateway proxies' answer health for the controller's guardrails (read live: an hour is kept).")
   | toJson -}}
 {{- end -}}
 
@@ -60,10 +66,23 @@ feedback:
 # services/inference (online_rl/serving/interaction_log.py)
 inference:
   writes: [{{ $t.interactions | quote }}]
-# the rollout controller (online_rl/rollout/loop.py) tallies samples in a throw-away group each start
+{{- if .Values.gateway.split.enabled }}
+# the gateway's proxies and controllers, one user (services/gateway/main.py): every one tails the rollout
+# topic (online_rl/rollout/shared.py: a throw-away orl-rollout-* group, sized with end_offsets' probe) and
+# reports answer health; the leading controller tallies samples (online_rl/rollout/driver/canary.py), reads
+# the health reports, writes the state, heartbeat and audit, and reloads them with Bus.read_all
+gateway:
+  reads: [{{ $t.samples | quote }}, {{ $t.rollout | quote }}, {{ index $t "gateway-health" | quote }}]
+  writes: [{{ $t.rollout | quote }}, {{ index $t "gateway-health" | quote }}]
+  groupPrefixes: [orl-rollout-, read-all-]
+  describeGroups: [orl-probe]
+{{- else }}
+# the single gateway's rollout controller (online_rl/rollout/driver/canary.py) tallies samples in a
+# throw-away group each start; its state is on its volume
 gateway:
   reads: [{{ $t.samples | quote }}]
   groupPrefixes: [orl-rollout-]
+{{- end }}
 # online_rl/stream/joiner.py: every replica is a member of one group; one transaction writes samples, the
 # changelog, join-pairs, dead letters and offsets, under the replica's own transactional id
 # (orl-joiner-<join.instance>: the pod's name); it restores the changelog with Bus.read_all (a throw-away
