@@ -73,8 +73,8 @@ class FileLease:
             self._fd = None
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _stamp(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _parse(stamp: str | None) -> float:
@@ -92,10 +92,11 @@ class KubernetesLease:
     """A Lease in `namespace`, through the API server at `api` with a bearer `token`."""
 
     def __init__(self, name: str, namespace: str, identity: str, duration_s: float, api: str, token: str,
-                 verify: str | bool = True, clock: Any = time.time) -> None:
+                 verify: str | bool = True, clock: Any = time.time,
+                 transport: httpx.BaseTransport | None = None) -> None:
         self.name, self.namespace, self.identity, self.duration_s = name, namespace, identity, duration_s
         self._client = httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"}, verify=verify,
-                                    timeout=max(1.0, duration_s / 3))
+                                    timeout=max(1.0, duration_s / 3), transport=transport)
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self._clock = clock
 
@@ -111,7 +112,7 @@ class KubernetesLease:
                    (SERVICE_ACCOUNT / "token").read_text().strip(), str(SERVICE_ACCOUNT / "ca.crt"))
 
     def _body(self, resource_version: str | None, acquired: str | None, transitions: int) -> dict[str, Any]:
-        now = _now()
+        now = _stamp(self._clock())
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
