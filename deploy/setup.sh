@@ -10,8 +10,9 @@
 #                same torch 2.13.0; its CUDA build is PyPI's default torch).
 # A second run with everything in place compares a stamp and returns in about a second.
 # With --test-tools (`make test`) it also installs what only the tests use: Debian's Chromium (the
-# rollout page's browser test) and the Helm CLI (built with go install, about 2 minutes once; the
-# chart's tests). `make demo` does not wait for them.
+# rollout page's browser test), the Helm CLI (built with go install, about 2 minutes once; the
+# chart's tests) and orl-monitoring-check (deploy/grafana-check, about a minute once; the dashboard's
+# and alerts' tests). `make demo` does not wait for them.
 # Environment: ORL_DEVICE=cpu|gpu (default: gpu when `nvidia-smi -L` lists one), ORL_VENV (.venv).
 set -euo pipefail
 test_tools=0
@@ -62,10 +63,28 @@ ensure_helm() {
     || die "could not build helm (go install helm.sh/helm/v4/cmd/helm@$helm_version)"
 }
 
+# The chart's dashboard and alert checker (tests/deploy/test_monitoring.py): a small Go program over
+# Grafana's and Prometheus' own libraries (deploy/grafana-check), built once (about a minute) and again
+# only when its sources change; Go's build cache keeps the rebuild short.
+ensure_monitoring_check() {
+  local src=$root/deploy/grafana-check bin=$venv/bin/orl-monitoring-check sum
+  sum=$(cat "$src/go.mod" "$src/go.sum" "$src"/*.go | sha256sum | cut -d' ' -f1)
+  if [ -x "$bin" ] && [ "$(cat "$venv/.orl-monitoring-check" 2>/dev/null)" = "$sum" ]; then
+    return 0
+  fi
+  command -v go >/dev/null 2>&1 || die "Go is needed to build orl-monitoring-check (cd deploy/grafana-check && go build)"
+  say "building orl-monitoring-check from deploy/grafana-check (about a minute, once)"
+  mkdir -p "$venv/bin"
+  (cd "$src" && GOPATH=${GOPATH:-${ORL_CACHE_DIR:-$HOME/.cache/online-rl}/go} GOFLAGS="-mod=mod -buildvcs=false" \
+    go build -o "$bin" .) >/dev/null \
+    || die "could not build orl-monitoring-check (cd deploy/grafana-check && go build)"
+  echo "$sum" > "$venv/.orl-monitoring-check"
+}
+
 key=$(cat "$root/pyproject.toml" "$root/requirements/lock-$device.txt" "$root/deploy/setup.sh" | sha256sum | cut -d' ' -f1)-$device
 stamp=$venv/.online-rl-setup
 test_tools() {
-  if [ "$test_tools" = 1 ]; then ensure_chromium; ensure_helm; fi
+  if [ "$test_tools" = 1 ]; then ensure_chromium; ensure_helm; ensure_monitoring_check; fi
 }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && "$venv/bin/python" -c "import online_rl" 2>/dev/null; then
   test_tools

@@ -30,6 +30,7 @@ from online_rl.launch import (
     watchdog_alive,
 )
 from tests.conftest import TINY_NAME, SecuredBroker
+from tests.deploy.monitoring import exposed_series, queried_metrics
 
 
 def _free_port() -> int:
@@ -171,6 +172,13 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
     assert started and set(started) <= published, saved["decisions"]
     fresh = saved["freshness_s_by_version"]
     assert any(0 < fresh.get(v, -1) < 60 for v in started), (fresh, started)
+
+    # The chart's dashboard and alerts query only metrics the running components export.
+    pages = [wiring["gateway_url"], wiring["inference_url"], wiring["feedback_url"],
+             wiring["trainer_metrics_url"], f"http://127.0.0.1:{settings.launch.joiner_metrics_port}"]
+    exposed = set().union(*(exposed_series(httpx.get(f"{url}/metrics", timeout=10).text) for url in pages))
+    missing = queried_metrics() - exposed
+    assert not missing, f"the dashboard or the alerts query what no component exports: {sorted(missing)}"
 
     # The loop heals: the joiner and the feedback API killed outright are restarted by the watchdog
     # (as a Deployment would), and a user's feedback still becomes a training sample.
