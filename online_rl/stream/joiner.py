@@ -45,7 +45,7 @@ from online_rl.stream.join import JoinConfig, JoinState, decode_forward
 
 E = TypeVar("E", Interaction, Feedback)
 
-__all__ = ["Joiner", "StepResult"]
+__all__ = ["Joiner", "Snapshot", "StepResult"]
 
 logger = logging.getLogger(__name__)
 RESTORE_TIMEOUT_S = 120.0  # a crashed owner's open transaction holds its changelog for up to 30 s
@@ -55,6 +55,19 @@ RESTORE_TIMEOUT_S = 120.0  # a crashed owner's open transaction holds its change
 class StepResult:
     consumed: int
     emitted: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The joiner's figures after its last committed step, for another thread (the metrics server)."""
+
+    stats: dict[str, int] = field(default_factory=dict)
+    tasks: int = 0
+    open_requests: int = 0
+    lag: dict[TopicPartition, int] = field(default_factory=dict)
+    watermark: float | None = None
+    retries: int = 0
+    producers_replaced: int = 0
 
 
 @dataclass
@@ -120,6 +133,7 @@ class Joiner:
         self.retries = 0  # steps the group or broker refused and `run` retried
         self.producers_replaced = 0  # producers given up after a fatal error or a commit of unknown outcome
         self.last_lag: dict[TopicPartition, int] = {}  # unread records per assigned input, when last looked
+        self.snapshot = Snapshot()
         self._needs_recover = False
         self._replace_producer = False
 
@@ -150,6 +164,10 @@ class Joiner:
                            "assignor (range, the default) keeps a task's inputs together", partial,
                            ", ".join(self._inputs), extra={"event": "partial_task", "partitions": partial})
         if todo:
+            if check_co_partitioned(self.bus, self.topics) != self._partitions:  # grown while running
+                raise ConfigError(f"the joiner's topics no longer have {self._partitions} partitions: "
+                                  "request ids now hash to other partitions; restart the joiners (they start "
+                                  "on the new count), after the open windows have closed")
             self._restore(todo)
 
     def _restore(self, partitions: list[int]) -> None:
@@ -205,8 +223,8 @@ class Joiner:
             self._needs_recover = True
             raise
         records = [r for r in records if r.partition in self._tasks]  # (one revoked in the same poll)
-        self._producer.begin_transaction()
         try:
+            self._producer.begin_transaction()
             samples = self._join(records, full)
             count = self._partitions
             for task in self._tasks.values():
@@ -224,7 +242,7 @@ class Joiner:
             if records:  # (the points count steps that read something)
                 failpoint("joiner.mid_transaction")
             try:
-                self._producer.commit_transaction(self._consumer.next_offsets(records), self._consumer)
+                self._producer.commit_transaction(self._offsets(records), self._consumer)
                 if records:
                     failpoint("joiner.after_commit")
             except (ProducerBroken, BusUnavailable):
@@ -240,8 +258,9 @@ class Joiner:
             if not self._replace_producer:
                 try:
                     self._producer.abort_transaction()
-                except Exception:  # the commit may already have aborted it
-                    logger.debug("abort after a failed step", exc_info=True)
+                except Exception:  # the commit may have aborted it; or the producer is unusable now:
+                    logger.debug("abort after a failed step", exc_info=True)  # a new one aborts for sure
+                    self._replace_producer = True
             self._needs_recover = True  # until `_recover` succeeds: no step may run on a half-rebuilt state
             if self._replace_producer:
                 self._new_producer()
@@ -250,7 +269,30 @@ class Joiner:
         for task in self._tasks.values():  # committed: the step's counts are kept
             self._committed_stats.update(task.state.stats)
             task.state.stats.clear()
+        self._publish_snapshot()
         return StepResult(len(records), len(samples))
+
+    def _publish_snapshot(self) -> None:
+        assigned = set(self._consumer.assignment())
+        self.snapshot = Snapshot(
+            stats=dict(self._committed_stats), tasks=len(self._tasks), open_requests=self.open_requests,
+            lag={tp: n for tp, n in self.last_lag.items() if tp in assigned},
+            watermark=min((t.watermark for t in self._tasks.values() if math.isfinite(t.watermark)),
+                          default=None),
+            retries=self.retries, producers_replaced=self.producers_replaced)
+
+    def _offsets(self, records: list[Record]) -> dict[TopicPartition, int]:
+        """The offsets this step commits: past its records, and where every other assigned input stands.
+        Committing offsets even for a step that read nothing makes the group check this member's
+        generation: a joiner that was paused past its session and lost its tasks cannot commit what it
+        joined from a stale state (windows closed by the clock) beside their new owner."""
+        offsets: dict[TopicPartition, int] = {}
+        for tp in self._consumer.assignment():
+            if tp.partition in self._tasks:
+                position = self._consumer.position(tp)
+                if position is not None:
+                    offsets[tp] = position
+        return offsets | self._consumer.next_offsets(records)
 
     def _join(self, records: list[Record], full: bool) -> list[TrainingSample]:
         topics = self.topics

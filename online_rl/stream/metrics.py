@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
@@ -24,39 +23,39 @@ __all__ = ["JoinerCollector", "joiner_registry"]
 
 
 class JoinerCollector(Collector):
-    """Reads the joiner's figures at scrape time (plain attribute reads: safe from the server's thread)."""
+    """Reads the joiner's snapshot of its last committed step at scrape time."""
 
     def __init__(self, joiner: Joiner) -> None:
         self._joiner = joiner
 
     def collect(self) -> Iterator[Metric]:
-        joiner = self._joiner
+        snap = self._joiner.snapshot  # replaced whole after each committed step: a consistent view
         records = CounterMetricFamily("orl_joiner_records", "What the join did with the records it read, "
                                       "over committed steps.", labels=["outcome"])
-        for outcome, count in sorted(joiner.stats.items()):
+        for outcome, count in sorted(snap.stats.items()):
             records.add_metric([outcome], count)
         yield records
         yield GaugeMetricFamily("orl_joiner_tasks", "Partitions whose join this replica holds.",
-                                value=len(joiner.tasks))
+                                value=snap.tasks)
         yield GaugeMetricFamily("orl_joiner_open_requests", "Request ids in this replica's join state.",
-                                value=joiner.open_requests)
+                                value=snap.open_requests)
         lag = GaugeMetricFamily("orl_joiner_lag_records", "Unread records on this replica's inputs when it "
-                                "last looked.", labels=["topic"])
+                                "last looked (not while it reads full batches of a backlog).",
+                                labels=["topic"])
         per_topic: dict[str, int] = {}
-        for tp, behind in dict(joiner.last_lag).items():
+        for tp, behind in snap.lag.items():
             per_topic[tp.topic] = per_topic.get(tp.topic, 0) + behind
         for topic, behind in sorted(per_topic.items()):
             lag.add_metric([topic], behind)
         yield lag
-        marks = [w for w in joiner.watermarks().values() if math.isfinite(w)]
-        if marks:
+        if snap.watermark is not None:
             yield GaugeMetricFamily("orl_joiner_watermark_seconds", "The oldest event-time watermark among "
-                                    "this replica's tasks (Unix seconds).", value=min(marks))
+                                    "this replica's tasks (Unix seconds).", value=snap.watermark)
         yield CounterMetricFamily("orl_joiner_step_retries", "Steps the group or the broker refused (rewound "
-                                  "and retried).", value=joiner.retries)
+                                  "and retried).", value=snap.retries)
         yield CounterMetricFamily("orl_joiner_producers_replaced", "Transactional producers replaced after "
                                   "a fatal error or a commit of unknown outcome.",
-                                  value=joiner.producers_replaced)
+                                  value=snap.producers_replaced)
 
 
 def joiner_registry(joiner: Joiner) -> CollectorRegistry:
