@@ -882,6 +882,12 @@ class GatewayConfig(EdgeLimits):
         description="Where proxies reach this controller for the admin API (/rollout): default "
         "http://<host>:<port> (127.0.0.1 for 0.0.0.0). The chart sets the controller Service.",
     )
+    controller_url: str | None = Field(
+        default=None,
+        description="Where a proxy relays the admin API (/rollout): a fixed address (the chart sets the "
+        "controller Service), so a record on the bus cannot point it elsewhere; empty: the URL the "
+        "controller's heartbeat advertises.",
+    )
     health_report_s: float = Field(
         default=1.0, gt=0, le=60,
         description="How often a proxy publishes its answers' health (version, latency, success) for the "

@@ -77,17 +77,6 @@ def _stamp(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(stamp: str | None) -> float:
-    if not stamp:
-        return 0.0
-    for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
-        try:
-            return datetime.strptime(stamp, fmt).replace(tzinfo=UTC).timestamp()
-        except ValueError:
-            continue
-    return 0.0
-
-
 class KubernetesLease:
     """A Lease in `namespace`, through the API server at `api` with a bearer `token`."""
 
@@ -97,6 +86,11 @@ class KubernetesLease:
         self.name, self.namespace, self.identity, self.duration_s = name, namespace, identity, duration_s
         self._client = httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"}, verify=verify,
                                     timeout=max(1.0, duration_s / 3), transport=transport)
+        # Another holder's lease lapses by this process's clock, as client-go judges it: from when this
+        # process last saw the Lease change (holder or resourceVersion), not from the holder's renewTime,
+        # so that clocks that differ between machines cannot hand over a live lease.
+        self._seen: tuple[str | None, str] | None = None
+        self._seen_at = 0.0
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self._clock = clock
 
@@ -142,13 +136,14 @@ class KubernetesLease:
         holder = spec.get("holderIdentity")
         version = lease["metadata"]["resourceVersion"]
         transitions = int(spec.get("leaseTransitions") or 0)
+        if (holder, version) != self._seen:
+            self._seen, self._seen_at = (holder, version), self._clock()
         if holder == self.identity:
             body = self._body(version, spec.get("acquireTime"), transitions)
         else:
-            renewed = _parse(spec.get("renewTime"))
             duration = float(spec.get("leaseDurationSeconds") or self.duration_s)
-            if holder and self._clock() - renewed < duration:
-                return False  # held by a live controller
+            if holder and self._clock() - self._seen_at < duration:
+                return False  # held by a controller that renewed within the duration, as seen from here
             body = self._body(version, None, transitions + 1)
         put = self._client.put(f"{self._path}/{self.name}", json=body)
         if put.status_code == 409:  # another candidate wrote first

@@ -127,23 +127,34 @@ class RolloutFeed:
         while not self._stop.is_set():
             try:
                 self._tail(topics)
-            except BusError as exc:  # the bus away: keep the last state (proxies go on routing by it)
-                logger.warning("reading the rollout topic failed (%s); retrying", exc)
+            except Exception as exc:  # the bus away, or anything else: keep the last state (proxies go on
+                logger.warning("reading the rollout topic failed (%s); retrying", exc)  # routing by it)
                 self._stop.wait(1.0)
 
     def _tail(self, topics: list[str]) -> None:
         ends = {tp: end for tp, end in self.bus.end_offsets(self.topics.rollout).items() if end > 0}
         consumer = self.bus.consumer(f"orl-rollout-{uuid.uuid4().hex[:12]}", auto_offset_reset="earliest")
         consumer.subscribe(topics)
+        # Until this read has reached where the topic ended when it began, only the newest record per key
+        # counts (the compacted topic's head may still hold older states: applied one by one, they would
+        # route users by a past weight for a moment); after that, each record as it comes.
+        pending: dict[bytes | None, bytes | None] = {}
+        reached = False
         try:
             while not self._stop.is_set():
                 for record in consumer.poll(500, 0.2):
                     if record.topic == self.topics.rollout:
-                        self._apply(record.key, record.value)
+                        if reached:
+                            self._apply(record.key, record.value)
+                        else:
+                            pending[record.key] = record.value
                     elif self.on_health is not None:
                         self._health(record.value)
-                if not self.caught_up.is_set() and all((consumer.position(tp) or 0) >= end
-                                                       for tp, end in ends.items()):
+                if not reached and all((consumer.position(tp) or 0) >= end for tp, end in ends.items()):
+                    reached = True
+                    for key, value in pending.items():
+                        self._apply(key, value)
+                    pending.clear()
                     self.caught_up.set()
         finally:
             consumer.close()

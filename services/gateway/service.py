@@ -33,6 +33,12 @@ class _Live(Collector):
         state = self._service.routing.state
         weight = state.weight if state is not None and state.active else 0.0
         yield GaugeMetricFamily("orl_rollout_challenger_weight", "Challenger share of traffic", value=weight)
+        down = GaugeMetricFamily("orl_gateway_replica_down", "1 while a replica is skipped",
+                                 labels=["replica"])
+        now = self._service.pool.clock()
+        for replica in self._service.pool.replicas:
+            down.add_metric([replica.url], float(replica.down_until > now))
+        yield down
         loop = self._service.loop
         yield GaugeMetricFamily("orl_gateway_controller_leader", "1 while this process runs the rollout",
                                 value=float(loop is not None))
@@ -60,12 +66,6 @@ class _Live(Collector):
         age = loop.clock() - state.step_started if running and state is not None else 0.0
         yield GaugeMetricFamily("orl_rollout_step_age_seconds", "How long the running rollout step has "
                                 "waited for its verdict (0 when none runs)", value=age)
-        down = GaugeMetricFamily("orl_gateway_replica_down", "1 while a replica is skipped",
-                                 labels=["replica"])
-        now = self._service.pool.clock()
-        for replica in self._service.pool.replicas:
-            down.add_metric([replica.url], float(replica.down_until > now))
-        yield down
 
 
 class Metrics:

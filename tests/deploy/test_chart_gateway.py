@@ -117,6 +117,9 @@ def test_split_proxies_route_by_the_bus_without_state_or_mlflow(
     (container,) = pod.containers
     settings = settings_of(pod, container, objects, tmp_path, monkeypatch)
     assert settings.gateway.role == "proxy"
+    # the relay target is pinned to the controller Service, not taken from the bus
+    port = named(objects, "Service", CONTROLLER)["spec"]["ports"][0]["port"]
+    assert settings.gateway.controller_url == f"http://{CONTROLLER}.ml.svc:{port}"
     env = _env(container)
     assert not [n for n in env if n.startswith("MLFLOW_")]
     assert not [e for e in env.values() if "mlflow" in e.get("valueFrom", {}).get("secretKeyRef", {})

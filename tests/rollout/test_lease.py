@@ -67,6 +67,20 @@ def _lease(server: _ApiServer, identity: str, now: list[float]) -> KubernetesLea
                            clock=lambda: now[0], transport=httpx.MockTransport(server))
 
 
+def test_a_lease_lapses_by_the_candidates_clock_not_the_holders() -> None:
+    """The holder's clock runs an hour behind: its renewTime looks stale, but it renews; a candidate
+    judges by when it saw the Lease change, so it does not take a live lease."""
+    server, holder_now, now = _ApiServer(), [1_000_000.0 - 3600], [1_000_000.0]
+    holder, candidate = _lease(server, "slow-clock", holder_now), _lease(server, "b", now)
+    assert holder.acquire() and not candidate.acquire()
+    for _ in range(5):
+        now[0] += 10
+        holder_now[0] += 10
+        assert holder.acquire() and not candidate.acquire()
+    now[0] += 16  # the holder stopped renewing: lapsed
+    assert candidate.acquire()
+
+
 def test_a_lease_is_held_by_one_renewed_and_taken_over_only_once_it_lapses() -> None:
     server, now = _ApiServer(), [1_000_000.0]
     a, b = _lease(server, "a", now), _lease(server, "b", now)
@@ -90,7 +104,6 @@ def test_a_lease_is_held_by_one_renewed_and_taken_over_only_once_it_lapses() -> 
 def test_two_candidates_racing_for_a_lapsed_lease_get_it_once() -> None:
     server, now = _ApiServer(), [1_000_000.0]
     assert _lease(server, "old", now).acquire()
-    now[0] += 20
     read_by_both = json.loads(json.dumps(server.leases["orl-rollout-controller"]))
 
     def b_view(request: httpx.Request) -> httpx.Response:  # b read the lease before a wrote it
@@ -101,6 +114,8 @@ def test_two_candidates_racing_for_a_lapsed_lease_get_it_once() -> None:
     a = _lease(server, "a", now)
     b = KubernetesLease("orl-rollout-controller", "ml", "b", 15.0, "https://api", "token",
                         clock=lambda: now[0], transport=httpx.MockTransport(b_view))
+    assert not a.acquire() and not b.acquire()  # both see "old" holding it
+    now[0] += 20  # "old" never renewed: lapsed for both
     assert a.acquire()
     assert not b.acquire()  # its write carries the version it read: refused with 409
     assert server.leases["orl-rollout-controller"]["spec"]["holderIdentity"] == "a"

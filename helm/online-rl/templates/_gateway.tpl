@@ -68,6 +68,9 @@ spec:
         {{- if ne $role "all" }}
         - name: ORL_GATEWAY__ROLE
           value: {{ $role }}
+        # Where /rollout is relayed: pinned to the controller Service, whatever a record on the bus says
+        - name: ORL_GATEWAY__CONTROLLER_URL
+          value: http://{{ include "orl.gatewayController" $ }}.{{ $.Release.Namespace }}.svc:{{ include "orl.gatewayPort" $ }}
         {{- end }}
         {{- if eq $role "controller" }}
         - name: ORL_GATEWAY__ELECTION

@@ -108,7 +108,7 @@ public keys serving trusts). Required: serving loads nothing unsigned. */}}
   "kafka.sasl_password" $kafkaHint "kafka.ssl_ca_location" $kafkaHint
   "mlflow.signing_key_file" $signingHint "mlflow.trusted_signers" $signingHint
   "gateway.role" $splitHint "gateway.election" $splitHint "gateway.lease_name" $splitHint
-  "gateway.advertise_url" $splitHint "gateway.lock_file" $splitHint -}}
+  "gateway.advertise_url" $splitHint "gateway.lock_file" $splitHint "gateway.controller_url" $splitHint -}}
 {{- range $path := concat (list "kafka.bootstrap_servers") (keys $instead | sortAlpha) (list "mlflow.tracking_uri" "mlflow.artifact_root" "ray.address" "gateway.replicas" "gateway.upstream_api_key" "gateway.api_keys_file" "inference.api_keys_file" "feedback_api.api_keys_file" "trainer.checkpoint_dir" "gateway.rollout.state_dir" "inference.adapters_dir" "cache_dir" "inference.host" "gateway.host" "feedback_api.host" "bus.embedded_path") -}}
 {{- $parts := splitList "." $path -}}
 {{- $node := $c -}}

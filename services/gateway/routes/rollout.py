@@ -9,6 +9,7 @@ no controller alive the answer is 503 (the proxies keep routing by the last roll
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 import httpx
@@ -40,27 +41,39 @@ def _loop(service: ServiceDep, admin: AdminDep) -> RolloutLoop:
 LoopDep = Annotated[RolloutLoop, Depends(_loop)]
 
 
+RELAYED = "x-orl-relayed"
+
+
 async def forward(request: Request, service: GatewayService) -> Response:
-    """Relay the admin call to the controller that runs the rollout."""
+    """Relay the admin call to the controller that runs the rollout (`gateway.controller_url` when set,
+    else where its heartbeat says), once: a relayed call is never relayed again."""
     feed, api = service.feed, service.settings.gateway
-    url = feed.controller.get("url") if feed is not None else None
+    heard = feed.controller if feed is not None else {}
+    url = api.controller_url or heard.get("url")
     age = feed.heartbeat_age() if feed is not None else None
     limit = api.lease_duration_s + 3 * api.rollout.interval_s
+    named_me = service.leadership is not None and heard.get("controller") == service.leadership.lease.identity
+    if RELAYED in request.headers or named_me:  # this process was named, but no longer leads
+        raise ApiError(503, "service_unavailable", "the rollout controller is changing hands; retry",
+                       code="no_controller", headers={"Retry-After": "1"})
     if not isinstance(url, str) or age is None or age > limit:
-        heard = "never" if age is None else f"{age:.0f} s ago"
+        last = "never" if age is None else f"{age:.0f} s ago"
         raise ApiError(503, "service_unavailable", "no rollout controller is alive (last heard from "
-                       f"{heard}); the proxies keep routing by the last rollout state. Start a gateway "
+                       f"{last}); the proxies keep routing by the last rollout state. Start a gateway "
                        "with role controller, or wait for a standby to take the lease", code="no_controller",
                        headers={"Retry-After": str(max(1, round(api.lease_duration_s / 3)))})
     headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
-    try:
-        async with httpx.AsyncClient(timeout=api.read_timeout_s) as client:
-            answer = await client.request(request.method, url + request.url.path, params=request.query_params,
-                                          content=await request.body(), headers=headers)
+    headers[RELAYED] = "1"
+    try:  # (a start loads adapters into every replica and may run the gate: minutes, not seconds)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=api.connect_timeout_s)) as client:
+            answer = await client.request(request.method, url.rstrip("/") + request.url.path,
+                                          params=request.query_params, content=await request.body(),
+                                          headers=headers)
     except httpx.HTTPError as exc:
         raise ApiError(503, "service_unavailable", f"the rollout controller at {url} did not answer ({exc}); "
                        "retry", code="no_controller", headers={"Retry-After": "1"}) from exc
-    return Response(answer.content, status_code=answer.status_code,
+    passed = {k: answer.headers[k] for k in ("retry-after",) if k in answer.headers}
+    return Response(answer.content, status_code=answer.status_code, headers=passed,
                     media_type=answer.headers.get("content-type", "application/json"))
 
 
@@ -72,6 +85,13 @@ def _actor(admin: KeyInfo) -> str:
 async def status(loop: LoopDep, service: ServiceDep) -> dict[str, Any]:
     """The rollout now: versions, weight, step, reward and health per arm, the comparison."""
     return _status(loop, service)
+
+
+async def _after_control(service: GatewayService) -> None:
+    """A person's decision reaches the proxies at once: the state went out when it was saved, the
+    champion it implies goes out now."""
+    if service.leadership is not None:
+        await service.leadership.beat()
 
 
 def _status(loop: RolloutLoop, service: GatewayService) -> dict[str, Any]:
@@ -98,7 +118,8 @@ async def routes(body: RoutesIn, service: ServiceDep, admin: AdminDep) -> dict[s
 @router.get("/history")
 async def history(loop: LoopDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 200) -> dict[str, Any]:
     """The audit log, newest last: every decision with its actor, reason and evidence."""
-    return {"entries": loop.controller.store.entries()[-limit:]}
+    entries = await asyncio.to_thread(loop.controller.store.entries)  # (a read of the bus, off the loop)
+    return {"entries": entries[-limit:]}
 
 
 @router.get("/series")
@@ -112,6 +133,7 @@ async def start(loop: LoopDep, service: ServiceDep, admin: AdminDep,
                 body: StartIn | None = None) -> dict[str, Any]:
     """Start a rollout of `version` (default: MLflow's `challenger`), loading it into every replica."""
     await loop.control("start", _actor(admin), version=body.version if body else None)
+    await _after_control(service)
     return _status(loop, service)
 
 
@@ -119,6 +141,7 @@ async def start(loop: LoopDep, service: ServiceDep, admin: AdminDep,
 async def pause(loop: LoopDep, service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
     """Freeze the traffic split; the plan takes no decision until resumed."""
     await loop.control("pause", _actor(admin))
+    await _after_control(service)
     return _status(loop, service)
 
 
@@ -126,6 +149,7 @@ async def pause(loop: LoopDep, service: ServiceDep, admin: AdminDep) -> dict[str
 async def resume(loop: LoopDep, service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
     """Resume a paused rollout (the step's clock restarts)."""
     await loop.control("resume", _actor(admin))
+    await _after_control(service)
     return _status(loop, service)
 
 
@@ -133,6 +157,7 @@ async def resume(loop: LoopDep, service: ServiceDep, admin: AdminDep) -> dict[st
 async def set_weight(body: WeightIn, loop: LoopDep, service: ServiceDep, admin: AdminDep) -> dict[str, Any]:
     """Set the challenger's share of traffic by hand (the plan's next step may move it again)."""
     await loop.control("set_weight", _actor(admin), weight=body.weight)
+    await _after_control(service)
     return _status(loop, service)
 
 
@@ -142,6 +167,7 @@ async def promote(loop: LoopDep, service: ServiceDep, admin: AdminDep,
     """Promote the challenger now: MLflow's `champion` moves to it; everyone gets it."""
     reason = body.reason if body else None
     await loop.control("promote", _actor(admin), reason=reason)
+    await _after_control(service)
     return _status(loop, service)
 
 
@@ -151,4 +177,5 @@ async def rollback(loop: LoopDep, service: ServiceDep, admin: AdminDep,
     """Roll the challenger back now: traffic to 0, `champion` kept, the adapter unloaded."""
     reason = body.reason if body else None
     await loop.control("rollback", _actor(admin), reason=reason)
+    await _after_control(service)
     return _status(loop, service)
