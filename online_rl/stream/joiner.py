@@ -35,6 +35,7 @@ from online_rl.bus import (
     Record,
     TopicPartition,
     Topics,
+    UnknownTopic,
     decode_or_dead_letter,
     partition_for,
 )
@@ -164,7 +165,11 @@ class Joiner:
                            "assignor (range, the default) keeps a task's inputs together", partial,
                            ", ".join(self._inputs), extra={"event": "partial_task", "partitions": partial})
         if todo:
-            if check_co_partitioned(self.bus, self.topics) != self._partitions:  # grown while running
+            try:
+                count = check_co_partitioned(self.bus, self.topics)
+            except (UnknownTopic, BusUnavailable) as exc:  # a broker on its way back: not an answer yet
+                raise BusUnavailable(f"could not read the joiner's topics' partition counts: {exc}") from exc
+            if count != self._partitions:  # grown while running
                 raise ConfigError(f"the joiner's topics no longer have {self._partitions} partitions: "
                                   "request ids now hash to other partitions; restart the joiners (they start "
                                   "on the new count), after the open windows have closed")
