@@ -35,7 +35,6 @@ from online_rl.bus import (
     Record,
     TopicPartition,
     Topics,
-    UnknownTopic,
     decode_or_dead_letter,
     partition_for,
 )
@@ -165,14 +164,6 @@ class Joiner:
                            "assignor (range, the default) keeps a task's inputs together", partial,
                            ", ".join(self._inputs), extra={"event": "partial_task", "partitions": partial})
         if todo:
-            try:
-                count = check_co_partitioned(self.bus, self.topics)
-            except (UnknownTopic, BusUnavailable) as exc:  # a broker on its way back: not an answer yet
-                raise BusUnavailable(f"could not read the joiner's topics' partition counts: {exc}") from exc
-            if count != self._partitions:  # grown while running
-                raise ConfigError(f"the joiner's topics no longer have {self._partitions} partitions: "
-                                  "request ids now hash to other partitions; restart the joiners (they start "
-                                  "on the new count), after the open windows have closed")
             self._restore(todo)
 
     def _restore(self, partitions: list[int]) -> None:
@@ -228,8 +219,8 @@ class Joiner:
             self._needs_recover = True
             raise
         records = [r for r in records if r.partition in self._tasks]  # (one revoked in the same poll)
+        self._producer.begin_transaction()
         try:
-            self._producer.begin_transaction()
             samples = self._join(records, full)
             count = self._partitions
             for task in self._tasks.values():
@@ -247,7 +238,7 @@ class Joiner:
             if records:  # (the points count steps that read something)
                 failpoint("joiner.mid_transaction")
             try:
-                self._producer.commit_transaction(self._offsets(records), self._consumer)
+                self._producer.commit_transaction(self._consumer.next_offsets(records), self._consumer)
                 if records:
                     failpoint("joiner.after_commit")
             except (ProducerBroken, BusUnavailable):
@@ -263,9 +254,8 @@ class Joiner:
             if not self._replace_producer:
                 try:
                     self._producer.abort_transaction()
-                except Exception:  # the commit may have aborted it; or the producer is unusable now:
-                    logger.debug("abort after a failed step", exc_info=True)  # a new one aborts for sure
-                    self._replace_producer = True
+                except Exception:  # the commit may already have aborted it
+                    logger.debug("abort after a failed step", exc_info=True)
             self._needs_recover = True  # until `_recover` succeeds: no step may run on a half-rebuilt state
             if self._replace_producer:
                 self._new_producer()
@@ -285,19 +275,6 @@ class Joiner:
             watermark=min((t.watermark for t in self._tasks.values() if math.isfinite(t.watermark)),
                           default=None),
             retries=self.retries, producers_replaced=self.producers_replaced)
-
-    def _offsets(self, records: list[Record]) -> dict[TopicPartition, int]:
-        """The offsets this step commits: past its records, and where every other assigned input stands.
-        Committing offsets even for a step that read nothing makes the group check this member's
-        generation: a joiner that was paused past its session and lost its tasks cannot commit what it
-        joined from a stale state (windows closed by the clock) beside their new owner."""
-        offsets: dict[TopicPartition, int] = {}
-        for tp in self._consumer.assignment():
-            if tp.partition in self._tasks:
-                position = self._consumer.position(tp)
-                if position is not None:
-                    offsets[tp] = position
-        return offsets | self._consumer.next_offsets(records)
 
     def _join(self, records: list[Record], full: bool) -> list[TrainingSample]:
         topics = self.topics
