@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from mlflow import MlflowClient
 
 from online_rl.bus import Bus, ensure_topics, open_bus
 from online_rl.config import Settings
@@ -52,9 +53,7 @@ def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = N
     pool = ReplicaPool(api.replicas, api.upstream_api_key.get_secret_value(), api.connect_timeout_s,
                        api.read_timeout_s, api.max_connections, api.replica_cooldown_s)
     if api.role == "all":
-        client = mlflow_client(settings)
-        if gate is None and api.rollout.offpolicy_gate:
-            gate = LogprobScorer(settings.model_dir, client, settings.mlflow.registered_model)
+        client, gate = _controller_parts(settings, gate)
         loop = RolloutLoop(settings, pool, service_bus, client, gate=gate)
         service = GatewayService(settings, pool, LocalRouting(loop), loop=loop)
         lifespan = _one_process(service, loop, pool, service_bus if own_bus else None)
@@ -64,9 +63,7 @@ def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = N
         routing: Routing = SharedRouting(settings, feed, reporter)
         leadership = None
         if api.role == "controller":
-            client = mlflow_client(settings)
-            if gate is None and api.rollout.offpolicy_gate:
-                gate = LogprobScorer(settings.model_dir, client, settings.mlflow.registered_model)
+            client, gate = _controller_parts(settings, gate)
             identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
             lease = make_lease(api.election, api.lock_file or settings.rollout_dir / "controller.lock",
                                api.lease_name, identity, api.lease_duration_s)
@@ -85,6 +82,15 @@ def create_app(settings: Settings, bus: Bus | None = None, gate: Gate | None = N
 
 
 Lifespan = contextlib.AbstractAsyncContextManager[None]
+
+
+def _controller_parts(settings: Settings, gate: Gate | None) -> tuple[MlflowClient, Gate | None]:
+    """What runs a rollout needs besides the replicas and the bus: MLflow, and the off-policy gate
+    (the given one, else the local scorer when gateway.rollout.offpolicy_gate is on)."""
+    client = mlflow_client(settings)
+    if gate is None and settings.gateway.rollout.offpolicy_gate:
+        gate = LogprobScorer(settings.model_dir, client, settings.mlflow.registered_model)
+    return client, gate
 
 
 def _one_process(service: GatewayService, loop: RolloutLoop, pool: ReplicaPool,
