@@ -708,10 +708,15 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
                             ready[name] = round(time.monotonic() - back, 1)
             time.sleep(0.25)
         ready |= {name: None for name in checks if name not in ready}  # not ready within 180 s
-        for name, log in (("trainer", "bus-trainer.log"), ("joiner", "bus-joiner.log")):
+        for name, log, pid in (("trainer", "bus-trainer.log", trainer.process.pid),
+                               ("joiner", "bus-joiner.log", joiner.pid)):
             took = ready[name]
             if took is None or took > 30:  # over the target: what it was doing, for the reader
-                tail = (root / log).read_text(errors="replace").splitlines()[-40:]
+                if took is None:  # where it is stuck: its threads' stacks (SIGUSR1, online_rl.cli)
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGUSR1)
+                        time.sleep(1)
+                tail = (root / log).read_text(errors="replace").splitlines()[-80:]
                 said = "did not work again within 180 s" if took is None else f"took {took} s"
                 print(f"bus outage: the {name} {said}; its log ends:", *tail, sep="\n", flush=True)
     finally:

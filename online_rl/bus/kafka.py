@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 def _tp(tp: TopicPartition, offset: int = ck.OFFSET_INVALID) -> ck.TopicPartition:
     return ck.TopicPartition(tp.topic, tp.partition, offset)
 
+
+# how long past its own timeout a transactional call may block before its producer is given up
+_OVERRUN_GRACE_S = 5.0
 
 # a newer instance with the same transactional id exists, or the cluster forbids the id: replacing the
 # producer would only fence that instance in turn (or fail the same way), so these end the process
@@ -193,6 +196,7 @@ class _KafkaProducer(Producer):
         self._delivered: list[RecordMetadata] = []
         self._errors: list[str] = []
         self._transactional = transactional_id is not None
+        self._hung = False  # a transactional call overran its timeout: this instance is given up
         if self._transactional:
             try:
                 self._p.init_transactions(60)
@@ -263,12 +267,11 @@ class _KafkaProducer(Producer):
             raise BusError("a Kafka transaction needs a Kafka consumer")
         try:
             if offsets:
-                self._p.send_offsets_to_transaction(
-                    [_tp(tp, off) for tp, off in offsets.items()],
-                    consumer._c.consumer_group_metadata(),
-                    timeout,
-                )
-            self._p.commit_transaction(timeout)
+                parts = [_tp(tp, off) for tp, off in offsets.items()]
+                group = consumer._c.consumer_group_metadata()
+                self._in_time(lambda: self._p.send_offsets_to_transaction(parts, group, timeout), timeout,
+                              "sending the consumed offsets to the transaction")
+            self._in_time(lambda: self._p.commit_transaction(timeout), timeout, "committing the transaction")
             self._take()
         except ck.KafkaException as exc:
             error = exc.args[0]
@@ -279,22 +282,50 @@ class _KafkaProducer(Producer):
                 raise ProducerBroken(f"transactional producer hit a fatal error: {error.str()}") from exc
             if error.txn_requires_abort():
                 try:
-                    self._p.abort_transaction(timeout)
+                    self._in_time(lambda: self._p.abort_transaction(timeout), timeout,
+                                  "aborting the transaction")
                 except ck.KafkaException as abort:  # e.g. the broker lost the transaction in an outage
                     raise _producer_error(abort, "the transaction could not be aborted") from exc
                 raise CommitFailed(f"transaction aborted: {error.str()}") from exc
             raise BusUnavailable(f"transaction commit did not complete: {error.str()}") from exc
 
+    def _in_time(self, call: Callable[[], Any], timeout: float, what: str) -> None:
+        """`call` (a transactional call given `timeout`) on a helper thread; one still blocked
+        `_OVERRUN_GRACE_S` after its timeout gives this producer up (`ProducerBroken`: the caller replaces
+        it with a new instance of the same id, which fences this one). librdkafka's
+        send_offsets_to_transaction can block past its timeout, for good, when the group coordinator it
+        cached was dropped from the cluster's metadata, as after a whole-cluster outage (librdkafka
+        issues 5456 and 5511, open in 2.16); the blocked call keeps its thread and this instance."""
+        done, failure = threading.Event(), []
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as exc:  # re-raised on the caller's thread
+                failure.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="orl-kafka-txn", daemon=True).start()
+        if not done.wait(timeout + _OVERRUN_GRACE_S):
+            self._hung = True
+            raise ProducerBroken(f"{what} did not return within {timeout + _OVERRUN_GRACE_S:.0f}s, past "
+                                 f"its {timeout:.0f}s timeout (its coordinator was lost); this producer "
+                                 "is given up")
+        if failure:
+            raise failure[0]
+
     def abort_transaction(self, timeout: float = 30.0) -> None:
         try:
-            self._p.abort_transaction(timeout)
+            self._in_time(lambda: self._p.abort_transaction(timeout), timeout, "aborting the transaction")
         except ck.KafkaException as exc:
             raise _producer_error(exc, "the transaction could not be aborted") from exc
         finally:
             self._take()
 
     def close(self) -> None:
-        self._p.flush(5)
+        if not self._hung:  # a hung instance is left to its blocked call (it is fenced already)
+            self._p.flush(5)
 
 
 class _KafkaConsumer(Consumer):

@@ -7,8 +7,10 @@ with exit code 2, never as a traceback.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
+import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -135,7 +137,10 @@ def config_cmd(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. SIGUSR1 writes every thread's stack to stderr (a process that looks
+    stuck says where, and carries on)."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         app()
     except OnlineRLError as exc:

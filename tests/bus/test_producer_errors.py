@@ -33,3 +33,42 @@ def test_each_producer_failure_is_named_for_what_the_joiner_does_next(code: int,
     error = _producer_error(_exc(code, fatal), "the transaction could not be aborted")
     assert type(error) is kind
     assert str(error).startswith("the transaction could not be aborted") and "broker said so" in str(error)
+
+
+def test_a_transactional_call_blocked_past_its_timeout_gives_the_producer_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka's send_offsets_to_transaction can block for good, past its timeout, after a whole-cluster
+    outage (it waits on a coordinator dropped from the metadata: librdkafka 5456, 5511). The call is
+    given its timeout and a grace; past them the producer is named broken, which the joiner replaces,
+    and it is never flushed again (its blocked call owns it). A call that returns or fails in time is
+    untouched. No broker: a producer only connects when it has something to send."""
+    import threading
+    import time
+
+    from online_rl.bus.kafka import KafkaBus
+
+    monkeypatch.setattr("online_rl.bus.kafka._OVERRUN_GRACE_S", 0.2)
+    producer = KafkaBus("127.0.0.1:1").producer()
+    released = threading.Event()
+    assert producer._in_time(lambda: None, 0.1, "a quick call") is None  # type: ignore[attr-defined]
+    with pytest.raises(BusUnavailable):  # an error in time is the call's own
+        producer._in_time(lambda: _raise(BusUnavailable("away")), 0.1, "x")  # type: ignore[attr-defined]
+    started = time.monotonic()
+    with pytest.raises(ProducerBroken, match="sending the offsets did not return within 0s, past its 0s"):
+        producer._in_time(released.wait, 0.1, "sending the offsets")  # type: ignore[attr-defined]
+    assert time.monotonic() - started < 2
+    flushed: list[float] = []
+
+    class Handle:  # stands in for the given-up librdkafka handle, to see whether it is flushed
+        def flush(self, timeout: float) -> int:
+            flushed.append(timeout)
+            return 0
+
+    producer._p = Handle()  # type: ignore[attr-defined]
+    producer.close()
+    assert flushed == []
+    released.set()
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
