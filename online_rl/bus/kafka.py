@@ -50,7 +50,10 @@ def _tp(tp: TopicPartition, offset: int = ck.OFFSET_INVALID) -> ck.TopicPartitio
 
 
 # how long past its own timeout a transactional call may block before its producer is given up
-_OVERRUN_GRACE_S = 5.0
+_OVERRUN_GRACE_S = 2.0
+# sending a transaction's offsets takes milliseconds, or blocks for good on a lost coordinator (below):
+# its own, shorter timeout; the producer is given up after it and replaced in a second or two
+_OFFSETS_TIMEOUT_S = 10.0
 
 # a newer instance with the same transactional id exists, or the cluster forbids the id: replacing the
 # producer would only fence that instance in turn (or fail the same way), so these end the process
@@ -269,7 +272,8 @@ class _KafkaProducer(Producer):
             if offsets:
                 parts = [_tp(tp, off) for tp, off in offsets.items()]
                 group = consumer._c.consumer_group_metadata()
-                self._in_time(lambda: self._p.send_offsets_to_transaction(parts, group, timeout), timeout,
+                limit = min(timeout, _OFFSETS_TIMEOUT_S)
+                self._in_time(lambda: self._p.send_offsets_to_transaction(parts, group, limit), limit,
                               "sending the consumed offsets to the transaction")
             self._in_time(lambda: self._p.commit_transaction(timeout), timeout, "committing the transaction")
             self._take()
