@@ -219,7 +219,13 @@ class Joiner:
             self._needs_recover = True
             raise
         records = [r for r in records if r.partition in self._tasks]  # (one revoked in the same poll)
-        self._producer.begin_transaction()
+        try:
+            self._producer.begin_transaction()
+        except BaseException as exc:  # read, not joined, and nothing to abort: rewind before the next step
+            if isinstance(exc, ProducerBroken):
+                self._replace_producer = True
+            self._needs_recover = True
+            raise
         try:
             samples = self._join(records, full)
             count = self._partitions

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections import Counter
@@ -109,6 +110,54 @@ def test_a_backlog_is_joined_without_declaring_unread_feedback_late(make_bus: Bu
     assert len(samples) == 150
     assert all(s.reward == 1.0 and not s.defaulted for s in samples)
     assert joiner.stats["late_feedback"] == 0
+
+
+def test_a_transaction_that_cannot_begin_loses_nothing_it_read(make_bus: BusFactory) -> None:
+    """The step polls, then its transaction cannot begin (the broker is away, or the producer broke):
+    what it read is rewound to the committed offsets before the next step, so every sample still comes
+    out once (before, the consumer's position had moved past the batch and it was never joined)."""
+    from online_rl.bus import BusUnavailable
+
+    bus = make_bus()
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
+    ensure_topics(bus, partitions=2, topics=topics)
+    producer = bus.producer()
+    for i in range(10):
+        producer.produce(topics.interactions, encode(interaction(f"q{i}", created_at=1000.0 + i)),
+                         f"q{i}".encode())
+        producer.produce(topics.feedback, encode(thumbs(f"q{i}", up=i % 2 == 0, created_at=1001.0 + i)),
+                         f"q{i}".encode())
+    producer.flush()
+    joiner = Joiner(bus, JoinConfig(window_s=30.0, retention_s=120.0),
+                    transactional_id=f"begin-{topics.prefix}", clock=lambda: 5000.0, topics=topics)
+    poll, begin = joiner._consumer.poll, joiner._producer.begin_transaction
+    read: list[int] = []
+
+    def polled(max_records: int = 500, timeout: float = 1.0) -> list:
+        records = poll(max_records, timeout)
+        read.append(len(records))
+        return records
+
+    def begin_unless_read() -> None:  # the first step that read something cannot begin its transaction
+        if read[-1] and not refused:
+            refused.append(read[-1])
+            raise BusUnavailable("the broker is away")
+        begin()
+
+    refused: list[int] = []
+    joiner._consumer.poll = polled  # type: ignore[method-assign]
+    joiner._producer.begin_transaction = begin_unless_read  # type: ignore[method-assign]
+    deadline = time.monotonic() + 60
+    while not refused and time.monotonic() < deadline:
+        with contextlib.suppress(BusUnavailable):
+            joiner.step(timeout=0.3)
+    assert refused, "no step read anything"
+    _step_until_idle(joiner)
+    joiner.close()
+    samples = _samples(bus, topics)
+    singles = {s.completion.request_id: s.reward for s in samples if s.kind == "single" and s.completion}
+    assert singles == {f"q{i}": (1.0 if i % 2 == 0 else 0.0) for i in range(10)}
+    assert len(samples) == 10
 
 
 @pytest.mark.kafka
