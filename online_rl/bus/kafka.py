@@ -53,7 +53,7 @@ def _tp(tp: TopicPartition, offset: int = ck.OFFSET_INVALID) -> ck.TopicPartitio
 _OVERRUN_GRACE_S = 2.0
 # sending a transaction's offsets takes milliseconds, or blocks for good on a lost coordinator (below):
 # its own, shorter timeout; the producer is given up after it and replaced in a second or two
-_OFFSETS_TIMEOUT_S = 10.0
+_OFFSETS_TIMEOUT_S = 5.0
 
 # a newer instance with the same transactional id exists, or the cluster forbids the id: replacing the
 # producer would only fence that instance in turn (or fail the same way), so these end the process

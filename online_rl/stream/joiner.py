@@ -244,7 +244,7 @@ class Joiner:
             if records:  # (the points count steps that read something)
                 failpoint("joiner.mid_transaction")
             try:
-                self._producer.commit_transaction(self._consumer.next_offsets(records), self._consumer)
+                self._producer.commit_transaction(self._offsets(records), self._consumer)
                 if records:
                     failpoint("joiner.after_commit")
             except (ProducerBroken, BusUnavailable):
@@ -272,6 +272,21 @@ class Joiner:
             task.state.stats.clear()
         self._publish_snapshot()
         return StepResult(len(records), len(samples))
+
+    def _offsets(self, records: list[Record]) -> dict[TopicPartition, int]:
+        """The offsets this step commits: past what it read, and the position of every other input
+        partition of a task it holds. A commit is the group's check that this joiner still owns its
+        partitions (Kafka's coordinator refuses a stale generation, the embedded bus a partition it
+        gave to another member); a step that read nothing but closed windows by the clock would skip
+        that check without them, and a joiner paused past its session (a zombie) would commit samples
+        whose windows its tasks' new owner closes too."""
+        offsets = self._consumer.next_offsets(records)
+        for tp in self._consumer.assignment():
+            if tp not in offsets and tp.partition in self._tasks:
+                position = self._consumer.position(tp)
+                if position is not None:
+                    offsets[tp] = position
+        return offsets
 
     def _publish_snapshot(self) -> None:
         assigned = set(self._consumer.assignment())

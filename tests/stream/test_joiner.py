@@ -10,7 +10,7 @@ from collections import Counter
 import msgspec
 import pytest
 
-from online_rl.bus import Bus, TopicPartition, Topics, ensure_topics, partition_for
+from online_rl.bus import Bus, BusUnavailable, TopicPartition, Topics, ensure_topics, partition_for
 from online_rl.bus.kafka import KafkaBus
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample, decode, encode
@@ -116,8 +116,6 @@ def test_a_transaction_that_cannot_begin_loses_nothing_it_read(make_bus: BusFact
     """The step polls, then its transaction cannot begin (the broker is away, or the producer broke):
     what it read is rewound to the committed offsets before the next step, so every sample still comes
     out once (before, the consumer's position had moved past the batch and it was never joined)."""
-    from online_rl.bus import BusUnavailable
-
     bus = make_bus()
     topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
     ensure_topics(bus, partitions=2, topics=topics)
@@ -158,6 +156,44 @@ def test_a_transaction_that_cannot_begin_loses_nothing_it_read(make_bus: BusFact
     singles = {s.completion.request_id: s.reward for s in samples if s.kind == "single" and s.completion}
     assert singles == {f"q{i}": (1.0 if i % 2 == 0 else 0.0) for i in range(10)}
     assert len(samples) == 10
+
+
+def test_a_paused_joiner_cannot_commit_windows_its_tasks_new_owner_closes(make_bus: BusFactory) -> None:
+    """Joiner A holds open windows and stops hearing from the group (paused past its session: a zombie
+    whose client has not noticed yet); B takes every task, restores the windows and closes them. A's
+    next step reads nothing and closes the same windows by its clock: its commit carries its inputs'
+    positions, which the group refuses, so every sample comes out once (before: a step that read
+    nothing committed without that check, and each sample came out twice)."""
+    from online_rl.bus import CommitFailed
+
+    session = 6.0 if isinstance(make_bus(), KafkaBus) else 1.0  # (a broker's least is 6 s)
+    bus = make_bus(session_timeout=session)
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
+    ensure_topics(bus, partitions=2, topics=topics)
+    producer = bus.producer()
+    for i in range(6):
+        producer.produce(topics.interactions, encode(interaction(f"z{i}", created_at=1000.0 + i)),
+                         f"z{i}".encode())
+    producer.flush()
+    now = [1010.0]
+    config = JoinConfig(window_s=30.0, retention_s=120.0, default_reward=0.5)
+    first = Joiner(bus, config, transactional_id=f"a-{topics.prefix}", clock=lambda: now[0], topics=topics)
+    _step_until_idle(first)
+    assert _samples(bus, topics) == [] and first.open_requests == 6
+    first._consumer.poll = lambda max_records=500, timeout=1.0: []  # type: ignore[method-assign]
+    time.sleep(session * 1.5)  # past its session: the group drops it
+    second = Joiner(make_bus(session_timeout=session), config, transactional_id=f"b-{topics.prefix}",
+                    clock=lambda: now[0], topics=topics)
+    _step_until_idle(second)
+    assert second.open_requests == 6  # restored from the changelog
+    now[0] = 2000.0
+    second.step(timeout=0.3)
+    assert len(_samples(bus, topics)) == 6
+    with pytest.raises((CommitFailed, BusUnavailable)):
+        first.step(timeout=0.1)
+    second.close()
+    samples = _samples(bus, topics)
+    assert sorted(s.completion.request_id for s in samples if s.completion) == [f"z{i}" for i in range(6)]
 
 
 @pytest.mark.kafka
