@@ -15,6 +15,8 @@ The stream knows nothing about training.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -22,11 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from online_rl.bus import Bus, Consumer, DeadLetters, Record, TopicPartition, decode_or_dead_letter
+from online_rl.bus import (
+    Bus,
+    BusUnavailable,
+    Consumer,
+    DeadLetters,
+    Record,
+    TopicPartition,
+    UnknownTopic,
+    decode_or_dead_letter,
+)
 from online_rl.errors import ConfigError
 from online_rl.events import TrainingSample, _Event
 
 __all__ = ["Batch", "Stream"]
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -99,14 +112,35 @@ class Stream(Generic[T]):
         dead = DeadLetters(producer, f"stream:{group_id}", dlq_topic)
 
         def read() -> Iterator[_Item[E]]:
+            polled, warned = False, -math.inf
             while True:
-                records = consumer.poll(max_records, poll_timeout)
+                try:
+                    records = consumer.poll(max_records, poll_timeout)
+                except (BusUnavailable, UnknownTopic) as exc:
+                    if not polled and isinstance(exc, UnknownTopic):
+                        raise  # at start: the topic is missing, a configuration to fix
+                    # The cluster is away or still coming back (a restarted cluster may not know the
+                    # topic for a moment): wait for it rather than end the stream and its consumer.
+                    if time.monotonic() - warned > 30:
+                        warned = time.monotonic()
+                        logger.warning("%s: the bus is away (%s); waiting for it", topic, exc,
+                                       extra={"event": "bus_away", "topic": topic, "reason": str(exc)})
+                    time.sleep(1.0)
+                    yield _Item(None, tick=True)
+                    continue
+                polled = True
                 if not records:
                     yield _Item(None, tick=True)
                     continue
                 good = decode_or_dead_letter(records, event_type, dead)
-                if dead.count:
-                    producer.flush()  # dead letters are durable before their offsets can be committed
+                while dead.count:  # dead letters are durable before their offsets can be committed
+                    try:
+                        producer.flush()
+                        break
+                    except BusUnavailable as exc:  # the bus is away: these records wait for it
+                        logger.warning("%s: dead letters not confirmed (%s); retrying", topic, exc,
+                                       extra={"event": "bus_away", "topic": topic, "reason": str(exc)})
+                        time.sleep(1.0)
                 decoded = {(r.tp, r.offset): event for r, event in good}
                 for record in records:
                     event = decoded.get((record.tp, record.offset))

@@ -89,3 +89,49 @@ def test_batches_from_a_topic_cover_every_consumed_offset(make_bus: BusFactory, 
     assert consumer.committed(list(ends)) == ends
     consumer.close()
     assert any(r.header("source.topic") == SAMPLES.encode() for r in bus.read_all(DLQ))
+
+
+@pytest.mark.parametrize("make_bus", ["embedded"], indirect=True)
+def test_a_stream_waits_out_the_bus_away_and_a_missing_topic_fails_at_start(make_bus: BusFactory) -> None:
+    """After its first poll, a bus that is away (or a restarted cluster that does not know the topic
+    for a moment) makes the stream wait, not end: the trainer keeps its consumer and its place. A topic
+    missing at the first poll is a configuration error and ends it."""
+    from online_rl.bus import BusUnavailable, UnknownTopic
+
+    bus = make_bus()
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:8]}")
+    ensure_topics(bus, partitions=1, topics=topics)
+    samples = _samples(4)
+    producer = bus.producer()
+    for sample in samples:
+        producer.produce(topics.samples, encode(sample), sample.sample_id.encode())
+    producer.flush()
+    stream = Stream.from_topic(topics.samples, bus, group_id=f"g-{uuid.uuid4().hex[:6]}", poll_timeout=0.2,
+                               dlq_topic=topics.dlq)
+    assert stream.consumer is not None
+    poll, calls = stream.consumer.poll, [0]
+
+    def flaky(max_records: int = 500, timeout: float = 1.0) -> list:
+        calls[0] += 1
+        if calls[0] == 1:
+            return []  # the first poll: the group forming
+        if calls[0] in (2, 3):
+            raise (BusUnavailable if calls[0] == 2 else UnknownTopic)("the cluster is coming back")
+        return poll(max_records, timeout)
+
+    stream.consumer.poll = flaky  # type: ignore[method-assign]
+    got = next(iter(stream.batch(4, timeout=30.0)))
+    assert sorted(s.sample_id for s in got.items) == sorted(s.sample_id for s in samples)
+    assert calls[0] >= 4
+    stream.close()
+
+    fresh = Stream.from_topic(topics.samples, bus, group_id="g-fresh", poll_timeout=0.2, dlq_topic=topics.dlq)
+    assert fresh.consumer is not None
+
+    def unknown(max_records: int = 500, timeout: float = 1.0) -> list:
+        raise UnknownTopic("no such topic")
+
+    fresh.consumer.poll = unknown  # type: ignore[method-assign]
+    with pytest.raises(UnknownTopic):  # before any poll answered: the configuration is wrong
+        next(iter(fresh.batch(4, timeout=1.0)))
+    fresh.close()
