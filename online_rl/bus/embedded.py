@@ -435,6 +435,7 @@ class _EmbeddedConsumer(Consumer):
         for tp in active:
             if len(out) >= max_records:
                 break
+            end = self._end(tp)  # before the rows: a record written after this is read next time
             rows = self._db.read(
                 "SELECT offset, key, value, ts, headers FROM log WHERE topic=? AND partition=? "
                 "AND offset>=? ORDER BY offset LIMIT ?",
@@ -444,6 +445,8 @@ class _EmbeddedConsumer(Consumer):
                 out.append(Record(tp.topic, tp.partition, offset, key, value, ts, _unpack_headers(headers)))
             if rows:
                 self._positions[tp] = rows[-1][0] + 1
+            elif self._positions[tp] < end:  # what is left below the end was compacted away (tombstones)
+                self._positions[tp] = end
         return out
 
     # -- offsets ----------------------------------------------------------------------------

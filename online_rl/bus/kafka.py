@@ -130,8 +130,12 @@ class KafkaBus(Bus):
 
     def partitions(self, topic: str) -> int:
         meta = self._metadata(topic).topics.get(topic)
-        if meta is None or meta.error is not None:
+        unknown = ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+        if meta is None or (meta.error is not None and meta.error.code() == unknown):
             raise UnknownTopic(f"topic {topic!r} does not exist on {self.bootstrap_servers}; create it first")
+        if meta.error is not None:  # e.g. no leader yet, as while a cluster comes back
+            raise BusUnavailable(f"topic {topic!r} is not available on {self.bootstrap_servers}: "
+                                 f"{meta.error.str()}")
         return len(meta.partitions)
 
     def end_offsets(self, topic: str) -> dict[TopicPartition, int]:
@@ -207,6 +211,11 @@ class _KafkaProducer(Producer):
                 why = extra["error_cb"].why() if isinstance(extra.get("error_cb"), _LastError) else ""
                 raise BusUnavailable(f"could not start transactional producer: {exc}{why}") from exc
 
+    def _usable(self) -> None:
+        if self._hung:  # a call of this instance is still blocked: every other call would wait on it
+            raise ProducerBroken("this producer was given up (a transactional call of it never returned); "
+                                 "replace it")
+
     def _on_delivery(self, err: ck.KafkaError | None, msg: Any) -> None:
         if err is not None:
             self._errors.append(f"{msg.topic()}: {err.str()}")
@@ -221,6 +230,7 @@ class _KafkaProducer(Producer):
         headers: Headers | None = None,
         partition: int | None = None,
     ) -> None:
+        self._usable()
         extra: dict[str, Any] = {}
         if headers:
             extra["headers"] = list(headers)
@@ -244,6 +254,7 @@ class _KafkaProducer(Producer):
         return out
 
     def flush(self, timeout: float = 30.0) -> list[RecordMetadata]:
+        self._usable()
         remaining = self._p.flush(timeout)
         if remaining:
             # Their reports arrive later and are counted by the next flush.
@@ -256,6 +267,7 @@ class _KafkaProducer(Producer):
         return delivered
 
     def begin_transaction(self) -> None:
+        self._usable()
         if not self._transactional:
             super().begin_transaction()
         try:
@@ -268,6 +280,7 @@ class _KafkaProducer(Producer):
     ) -> None:
         if not isinstance(consumer, _KafkaConsumer):
             raise BusError("a Kafka transaction needs a Kafka consumer")
+        self._usable()
         try:
             if offsets:
                 parts = [_tp(tp, off) for tp, off in offsets.items()]
@@ -320,6 +333,7 @@ class _KafkaProducer(Producer):
             raise failure[0]
 
     def abort_transaction(self, timeout: float = 30.0) -> None:
+        self._usable()
         try:
             self._in_time(lambda: self._p.abort_transaction(timeout), timeout, "aborting the transaction")
         except ck.KafkaException as exc:
@@ -395,14 +409,15 @@ class _KafkaConsumer(Consumer):
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
         with self._lock:
             messages: list[Any] = self._c.consume(num_messages=max_records, timeout=timeout)
-        out = []
+        out, unknown = [], None
         for msg in messages:
             err = msg.error()
             if err is not None:
                 if err.code() == ck.KafkaError._PARTITION_EOF:
                     continue
                 if err.code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    raise UnknownTopic(f"consumer error: {err.str()}")
+                    unknown = UnknownTopic(f"consumer error: {err.str()}")
+                    continue
                 logger.warning("consumer error on %s: %s", msg.topic(), err.str())
                 continue
             ts = msg.timestamp()[1] / 1000.0
@@ -410,6 +425,11 @@ class _KafkaConsumer(Consumer):
             out.append(
                 Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), ts, headers)
             )
+        if unknown is not None:
+            if not out:
+                raise unknown
+            # the records read beside it are the caller's (the client counts them consumed already)
+            logger.warning("%s; returning the %d records read with it", unknown, len(out))
         return out
 
     def _clamp(self, consumer: Any, tps: list[TopicPartition], starts: dict[TopicPartition, int]) -> bool:

@@ -14,6 +14,7 @@ The stream knows nothing about training.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -98,6 +99,10 @@ class Stream(Generic[T]):
         at every assignment; the mapping is read when a partition is assigned, so a caller may keep it
         up to date. With `start_missing_at`, partitions it does not list start there too.
         """
+        # A missing topic is a configuration to fix, said now (a Kafka consumer would wait for it); a
+        # bus that is away is waited for below.
+        with contextlib.suppress(BusUnavailable):
+            bus.partitions(topic)
         consumer = bus.consumer(group_id)
         starts: Mapping[TopicPartition, int] = start_offsets if start_offsets is not None else {}
 
@@ -128,12 +133,15 @@ class Stream(Generic[T]):
                     time.sleep(1.0)
                     yield _Item(None, tick=True)
                     continue
-                polled = True
+                polled = polled or bool(records or consumer.assignment())
                 if not records:
                     yield _Item(None, tick=True)
                     continue
                 good = decode_or_dead_letter(records, event_type, dead)
-                while dead.count:  # dead letters are durable before their offsets can be committed
+                # Dead letters are durable before their offsets can be committed. A short outage is
+                # waited out; letters the client gave up on (message.timeout.ms) end the stream, which
+                # restarts from the committed offsets.
+                while dead.count:
                     try:
                         producer.flush()
                         break

@@ -121,6 +121,9 @@ class Joiner:
         self._partitions = check_co_partitioned(bus, topics)
         self._tasks: dict[int, _Task] = {}
         self._fresh: set[int] = set()  # partitions (re)assigned since the tasks were last synced
+        # the group's committed offset of each input partition of a held task, as this joiner last
+        # knew it (dropped whenever the task is dropped or restored: another joiner may have moved it)
+        self._known: dict[TopicPartition, int] = {}
         self._committed_stats: Counter[str] = Counter()
         # The producer first: creating it fences a previous instance of this id, so nothing of that one
         # can commit after the tasks are restored.
@@ -158,6 +161,8 @@ class Joiner:
             del self._tasks[p]
         todo = sorted(p for p in parts if p not in self._tasks or p in self._fresh)
         self._fresh.clear()
+        self._known = {tp: o for tp, o in self._known.items() if tp.partition in self._tasks
+                       and tp.partition not in todo}
         partial = [p for p in todo if parts[p] != set(self._inputs)]
         if partial:
             logger.warning("joiner: partitions %s are assigned without all of %s; a partition-wise "
@@ -228,12 +233,13 @@ class Joiner:
             raise
         try:
             samples = self._join(records, full)
-            count = self._partitions
+            count, wrote = self._partitions, len(samples)
             for task in self._tasks.values():
                 for other_id, payload in task.state.drain_forwards():
                     key = other_id.encode()
                     self._producer.produce(self.topics.join_pairs, payload, key,
                                            partition=partition_for(key, count))
+                    wrote += 1
             for sample in samples:
                 sample_key = sample.completion.request_id if sample.completion else sample.sample_id
                 self._producer.produce(self.topics.samples, encode(sample), sample_key.encode())
@@ -241,10 +247,13 @@ class Joiner:
                 for request_id, data in task.state.drain_changes().items():  # None: forgotten
                     self._producer.produce(self.topics.join_state, data, request_id.encode(),
                                            partition=task.partition)
+                    wrote += 1
             if records:  # (the points count steps that read something)
                 failpoint("joiner.mid_transaction")
             try:
-                self._producer.commit_transaction(self._offsets(records), self._consumer)
+                offsets = self._offsets(records, guard=wrote > 0)
+                self._producer.commit_transaction(offsets, self._consumer)
+                self._known.update(offsets)
                 if records:
                     failpoint("joiner.after_commit")
             except (ProducerBroken, BusUnavailable):
@@ -260,6 +269,8 @@ class Joiner:
             if not self._replace_producer:
                 try:
                     self._producer.abort_transaction()
+                except ProducerBroken:  # the abort itself broke or never returned: only a new one goes on
+                    self._replace_producer = True
                 except Exception:  # the commit may already have aborted it
                     logger.debug("abort after a failed step", exc_info=True)
             self._needs_recover = True  # until `_recover` succeeds: no step may run on a half-rebuilt state
@@ -273,19 +284,34 @@ class Joiner:
         self._publish_snapshot()
         return StepResult(len(records), len(samples))
 
-    def _offsets(self, records: list[Record]) -> dict[TopicPartition, int]:
-        """The offsets this step commits: past what it read, and the position of every other input
-        partition of a task it holds. A commit is the group's check that this joiner still owns its
-        partitions (Kafka's coordinator refuses a stale generation, the embedded bus a partition it
-        gave to another member); a step that read nothing but closed windows by the clock would skip
-        that check without them, and a joiner paused past its session (a zombie) would commit samples
-        whose windows its tasks' new owner closes too."""
+    def _offsets(self, records: list[Record], guard: bool) -> dict[TopicPartition, int]:
+        """The offsets this step commits: past what it read and, when the step writes anything
+        (`guard`), the offset of every other input partition of a task it holds: its position, or the
+        group's committed offset where it has read nothing since it got the task. A commit is the
+        group's check that this joiner still owns those partitions (Kafka's coordinator refuses a
+        stale generation, the embedded bus a partition it gave to another member); a step that read
+        nothing but closed windows by the clock would skip that check without them, and a joiner
+        paused past its session (a zombie) would commit samples whose windows its tasks' new owner
+        closes too. A step that writes nothing has nothing to guard, and sends no offsets it did not
+        read (each send is a round trip to the group's coordinator)."""
         offsets = self._consumer.next_offsets(records)
+        if not guard:
+            return offsets
+        missing = []
         for tp in self._consumer.assignment():
-            if tp not in offsets and tp.partition in self._tasks:
-                position = self._consumer.position(tp)
-                if position is not None:
-                    offsets[tp] = position
+            if tp in offsets or tp.partition not in self._tasks:
+                continue
+            position = self._consumer.position(tp)
+            if position is None:
+                position = self._known.get(tp)
+            if position is None:
+                missing.append(tp)
+            else:
+                offsets[tp] = position
+        if missing:  # read nothing since the task was (re)built: where the group has it
+            for tp, offset in self._consumer.committed(missing).items():
+                if offset is not None:
+                    self._known[tp] = offsets[tp] = offset
         return offsets
 
     def _publish_snapshot(self) -> None:
@@ -440,6 +466,8 @@ class Joiner:
         assigned = self._consumer.assignment()
         for tp, offset in self._consumer.committed(assigned).items():
             self._consumer.seek(tp, offset or 0)
+            if offset is not None:
+                self._known[tp] = offset
         self._needs_recover = False
 
     def run(self, stop: Callable[[], bool], retry_s: float = 1.0) -> None:
