@@ -476,8 +476,12 @@ class _KafkaConsumer(Consumer):
             raise CommitFailed(f"commit refused: {exc.args[0].str()}; the records will be re-read") from exc
 
     def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
-        with self._lock:
-            got = self._c.committed([_tp(tp) for tp in partitions], timeout=10)
+        try:
+            with self._lock:
+                got = self._c.committed([_tp(tp) for tp in partitions], timeout=10)
+        except ck.KafkaException as exc:  # the group's coordinator did not answer
+            why = exc.args[0].str() if exc.args else str(exc)
+            raise BusUnavailable(f"could not read the group's committed offsets: {why}") from exc
         return {
             TopicPartition(p.topic, p.partition): (p.offset if p.offset >= 0 else None) for p in got
         }

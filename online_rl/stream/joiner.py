@@ -122,7 +122,8 @@ class Joiner:
         self._tasks: dict[int, _Task] = {}
         self._fresh: set[int] = set()  # partitions (re)assigned since the tasks were last synced
         # the group's committed offset of each input partition of a held task, as this joiner last
-        # knew it (dropped whenever the task is dropped or restored: another joiner may have moved it)
+        # knew it (dropped whenever the task is dropped or restored: another joiner may have moved it);
+        # -1: none (nothing was ever committed there, so there is nothing to guard)
         self._known: dict[TopicPartition, int] = {}
         self._committed_stats: Counter[str] = Counter()
         # The producer first: creating it fences a previous instance of this id, so nothing of that one
@@ -306,12 +307,13 @@ class Joiner:
                 position = self._known.get(tp)
             if position is None:
                 missing.append(tp)
-            else:
+            elif position >= 0:
                 offsets[tp] = position
         if missing:  # read nothing since the task was (re)built: where the group has it
             for tp, offset in self._consumer.committed(missing).items():
+                self._known[tp] = -1 if offset is None else offset
                 if offset is not None:
-                    self._known[tp] = offsets[tp] = offset
+                    offsets[tp] = offset
         return offsets
 
     def _publish_snapshot(self) -> None:
@@ -466,8 +468,7 @@ class Joiner:
         assigned = self._consumer.assignment()
         for tp, offset in self._consumer.committed(assigned).items():
             self._consumer.seek(tp, offset or 0)
-            if offset is not None:
-                self._known[tp] = offset
+            self._known[tp] = -1 if offset is None else offset
         self._needs_recover = False
 
     def run(self, stop: Callable[[], bool], retry_s: float = 1.0) -> None:
