@@ -548,14 +548,17 @@ class _KafkaConsumer(Consumer):
             stop.set()
             thread.join()
             with self._lock:
+                # Resume every partition the hold paused, assigned now or not: the client keeps a
+                # partition's pause across a rebalance, so one lost while held (a session that timed
+                # out during an outage) and assigned again later would never be fetched again.
+                if parts:
+                    self._c.resume(parts)
                 current = {(p.topic, p.partition) for p in self._c.assignment()}
                 back = [p for p in positions if (p.topic, p.partition) in current]
-                if back:
-                    self._c.resume(back)
-                    if self._generation == generation:
-                        for p in back:
-                            if p.offset >= 0:
-                                self._c.seek(p)
+                if back and self._generation == generation:
+                    for p in back:
+                        if p.offset >= 0:
+                            self._c.seek(p)
         if failure:
             raise BusUnavailable(f"the consumer failed while holding a batch: {failure[0]}") from failure[0]
 

@@ -16,6 +16,7 @@ from online_rl.bus import (
     decode_or_dead_letter,
     partition_for,
 )
+from online_rl.bus.kafka import KafkaBus
 from online_rl.events import Interaction
 from tests.factories import BusFactory, drain
 
@@ -211,6 +212,47 @@ def test_hold_keeps_the_group_membership_through_a_long_step(make_bus: BusFactor
     producer.send(topic, b"5")
     assert [r.value for r in drain(consumer, 1)] == [b"5"]
     consumer.close()
+
+
+def test_a_partition_lost_during_a_hold_is_read_again_when_it_comes_back(
+        make_bus: BusFactory, topic: str) -> None:
+    """A step held through a rebalance that takes a partition away (a session lost in an outage, or a
+    new member) and the partition given back after the step: its new records reach the consumer.
+    (Kafka's client kept the hold's pause on the partition across the rebalance, so the trainer never
+    read it again after a whole-cluster outage.)"""
+    bus = make_bus(session_timeout=6.0)
+    bus.create_topic(topic, partitions=2)
+    producer = bus.producer()
+    for i in range(10):
+        producer.produce(topic, str(i).encode(), key=str(i).encode())
+    producer.flush()
+    group = _group()
+    a = bus.consumer(group)
+    a.subscribe([topic])
+    a.commit(a.next_offsets(drain(a, 10)))
+    b = bus.consumer(group)
+    with a.hold():  # a's step: its partitions paused while b joins (on Kafka, b takes one meanwhile)
+        b.subscribe([topic])
+        deadline = time.monotonic() + 20
+        while not b.assignment() and time.monotonic() < deadline:
+            b.poll(10, 0.2)
+        moved_in_hold = len(a.assignment()) < 2
+    # the embedded bus hands a partition over at the holder's next poll, Kafka's during the hold
+    assert moved_in_hold or not isinstance(bus, KafkaBus), a.assignment()
+    deadline = time.monotonic() + 30
+    while not (b.assignment() and len(a.assignment()) == 1) and time.monotonic() < deadline:
+        a.poll(10, 0.2)
+        b.poll(10, 0.2)
+    assert b.assignment() and len(a.assignment()) == 1, (a.assignment(), b.assignment())
+    lost = b.assignment()
+    b.close()  # ... and leaves after a's step: a owns both partitions again
+    for i in range(10, 20):
+        producer.produce(topic, str(i).encode(), key=str(i).encode())
+    producer.flush()
+    got = drain(a, 10, timeout=45)
+    assert sorted(int(r.value or b"") for r in got) == list(range(10, 20)), (lost, got)
+    assert {TopicPartition(r.topic, r.partition) for r in got} >= set(lost)
+    a.close()
 
 
 def test_transaction_writes_records_and_offsets_together_or_not_at_all(bus: Bus, topic: str) -> None:
