@@ -49,7 +49,7 @@ cat "$scratch/model.log"
 
 echo "== pytest"
 set +e
-eval ".venv/bin/python -m pytest --durations=40 ${PYTEST_ARGS:-}"
+eval ".venv/bin/python -m pytest --durations=80 --junitxml=.ci-junit.xml ${PYTEST_ARGS:-}"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then
