@@ -11,6 +11,7 @@ from online_rl.bus import (
     Bus,
     CommitFailed,
     DeadLetters,
+    Producer,
     TopicPartition,
     UnknownTopic,
     decode_or_dead_letter,
@@ -23,6 +24,13 @@ from tests.factories import BusFactory, drain
 
 def _group() -> str:
     return f"g.{uuid.uuid4().hex[:8]}"
+
+
+def _send_keyed(producer: Producer, topic: str, numbers: range) -> None:
+    """Each number as a record keyed by itself (so spread over the partitions), confirmed."""
+    for i in numbers:
+        producer.produce(topic, str(i).encode(), key=str(i).encode())
+    producer.flush()
 
 
 def test_send_confirms_and_keys_keep_order_on_their_partition(bus: Bus, topic: str) -> None:
@@ -141,9 +149,7 @@ def test_work_committed_in_on_revoke_is_not_handed_out_again(make_bus: BusFactor
     bus = make_bus(session_timeout=6.0)
     bus.create_topic(topic, partitions=2)
     producer = bus.producer()
-    for i in range(20):
-        producer.produce(topic, str(i).encode(), key=str(i).encode())
-    producer.flush()
+    _send_keyed(producer, topic, range(20))
     group = _group()
     a = bus.consumer(group)
     processed: list[int] = []
@@ -174,9 +180,7 @@ def test_commit_for_a_partition_no_longer_owned_is_refused(make_bus: BusFactory,
     bus = make_bus(session_timeout=6.0)
     bus.create_topic(topic, partitions=2)
     producer = bus.producer()
-    for i in range(10):
-        producer.produce(topic, str(i).encode(), key=str(i).encode())
-    producer.flush()
+    _send_keyed(producer, topic, range(10))
     group = _group()
     a = bus.consumer(group)
     a.subscribe([topic])
@@ -223,9 +227,7 @@ def test_a_partition_lost_during_a_hold_is_read_again_when_it_comes_back(
     bus = make_bus(session_timeout=6.0)
     bus.create_topic(topic, partitions=2)
     producer = bus.producer()
-    for i in range(10):
-        producer.produce(topic, str(i).encode(), key=str(i).encode())
-    producer.flush()
+    _send_keyed(producer, topic, range(10))
     group = _group()
     a = bus.consumer(group)
     a.subscribe([topic])
@@ -246,9 +248,7 @@ def test_a_partition_lost_during_a_hold_is_read_again_when_it_comes_back(
     assert b.assignment() and len(a.assignment()) == 1, (a.assignment(), b.assignment())
     lost = b.assignment()
     b.close()  # ... and leaves after a's step: a owns both partitions again
-    for i in range(10, 20):
-        producer.produce(topic, str(i).encode(), key=str(i).encode())
-    producer.flush()
+    _send_keyed(producer, topic, range(10, 20))
     got = drain(a, 10, timeout=45)
     assert sorted(int(r.value or b"") for r in got) == list(range(10, 20)), (lost, got)
     assert {TopicPartition(r.topic, r.partition) for r in got} >= set(lost)
