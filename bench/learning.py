@@ -272,6 +272,7 @@ def run_suite(
                 "ability": run.ability,
                 "liked_feedback": round(run.liked_feedback, 4),
                 "versions": [round(v["evaluation"].liked_rate, 4) for v in run.versions],
+                "refused": run.refused,
                 "duration_s": round(run.duration_s, 1),
             }
             record.put("run", entry.name, kept)
@@ -296,15 +297,16 @@ def run_suite(
             else:
                 shuffled = replace(config, shuffle_labels=True)
                 control_run = lab.learn(SUITE[0], shuffled, label="control-shuffled", progress=say)
-            assert control_run.final_adapter is not None and control_run.final_folder is not None
+            # every version refused by the ability gate: the control answers as the base
             name, control_ability = control_run.final_adapter, control_run.ability
             record.put("ability", "control", control_ability)
-            if kept_adapter is not None:
+            if kept_adapter is not None and control_run.final_folder is not None and name is not None:
                 shutil.copytree(control_run.final_folder, kept_adapter, dirs_exist_ok=True)
         for entry in missing:
             controls[entry.name] = measured(entry, name)
             record.put("control", entry.name, controls[entry.name].as_dict())
-        lab.unload(name)
+        if name is not None:
+            lab.unload(name)
     per: dict[str, Any] = {}
     for entry in entries:
         kept = rows[entry.name]
@@ -318,6 +320,7 @@ def run_suite(
             "ability": kept["ability"],
             "liked_feedback": kept["liked_feedback"],
             "versions": kept["versions"],
+            "refused": kept.get("refused", 0),
             "duration_s": kept["duration_s"],
         }
         if entry.name in controls:

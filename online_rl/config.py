@@ -538,6 +538,29 @@ class TrainerConfig(BaseModel):
         description="With cold_start_kl_target: the most the weight changes in one step, as a fraction (0.2: "
         "x1.2 or x0.8).",
     )
+    ability_gate: bool = Field(
+        default=True,
+        description="Before each publish, answer a fixed probe of factual prompts greedily with the new "
+        "adapter; a version that lost more than ability_tolerance of those the base answers correctly is "
+        "not published: the trainer goes back to the last published adapter and trains on at "
+        "ability_backoff x its learning rate.",
+    )
+    ability_probe: Path | None = Field(
+        default=None,
+        description="The gate's probe: JSON lines of {\"prompt\": ..., \"accept\": [words a correct answer "
+        "contains]}. Empty: the built-in 16 (online_rl/trainer/gate.py).",
+    )
+    ability_tolerance: int = Field(
+        default=1, ge=0, le=1000,
+        description="The ability gate passes a version that lost at most this many probe prompts.",
+    )
+    ability_backoff: float = Field(
+        default=0.5, gt=0, le=1.0,
+        description="After the ability gate refused a version, the learning rate is multiplied by this.",
+    )
+    ability_max_tokens: int = Field(
+        default=48, ge=1, le=1024, description="The ability gate's answers: at most this many tokens."
+    )
     workers: int = Field(
         default=1, ge=1, le=256,
         description="Data-parallel policy workers (Ray actors); each trains a share of every batch and "

@@ -99,6 +99,7 @@ class LearnRun:
     feedback_events: int = 0
     liked_feedback: float = 0.0  # share of the feedback that was positive (0-1 scale)
     ability: int | None = None  # of the 8 general-ability prompts, the final version's correct answers
+    refused: int = 0  # rounds whose version the trainer's ability gate refused (the last one served on)
     duration_s: float = 0.0
     final_adapter: str | None = None  # the engine-level name of the final version (still loaded)
     final_folder: Path | None = None  # the final version's adapter as downloaded from MLflow
@@ -114,9 +115,11 @@ class LearnRun:
             "feedback_events": self.feedback_events,
             "liked_feedback": round(self.liked_feedback, 4),
             "ability": self.ability,
+            "refused": self.refused,
             "duration_s": round(self.duration_s, 1),
             "versions": [
-                {"version": v["version"], "samples": v["samples"], **v["evaluation"].as_dict()}
+                {"version": v["version"], "samples": v["samples"], "refused": v.get("refused", False),
+                 **v["evaluation"].as_dict()}
                 for v in self.versions
             ],
         }
@@ -394,7 +397,7 @@ class Lab:
         state: _RunState,
         workers: _Workers,
         index: int,
-    ) -> tuple[int, Evaluation]:
+    ) -> tuple[int | None, Evaluation]:
         """Round `index`: the users' traffic (collect), the joiner's samples (join), the trainer's new
         version (publish), served in place of the last one (serve) and measured (evaluate)."""
         run = state.run
@@ -407,17 +410,24 @@ class Lab:
             config.round_timeout_s,
         )
         published = self._publish(  # publish
-            workers.trainer, state.sample_ends, index + 1, workers.stop, workers.failures,
-            config.round_timeout_s,
+            workers.trainer, state.sample_ends, workers.stop, workers.failures, config.round_timeout_s
         )
-        self._serve(state, published)  # serve
-        evaluation = self.evaluate(  # evaluate
-            entry, state.adapter, config.eval_samples, config.seed, config.temperature, config.max_tokens
-        )
-        run.versions.append(
-            {"version": published.version, "samples": run.feedback_events, "evaluation": evaluation}
-        )
-        return published.version, evaluation
+        if published is None:  # the ability gate refused it: the last version serves on
+            run.refused += 1
+            previous = run.versions[-1] if run.versions else None
+            evaluation = previous["evaluation"] if previous is not None else self.evaluate(
+                entry, None, config.eval_samples, config.seed, config.temperature, config.max_tokens
+            )
+            version = previous["version"] if previous is not None else None
+        else:
+            self._serve(state, published)  # serve
+            evaluation = self.evaluate(  # evaluate
+                entry, state.adapter, config.eval_samples, config.seed, config.temperature, config.max_tokens
+            )
+            version = published.version
+        run.versions.append({"version": version, "samples": run.feedback_events, "evaluation": evaluation,
+                             "refused": published is None})
+        return version, evaluation
 
     def _serve(self, state: _RunState, published: Any) -> None:
         """The `published` version downloaded from MLflow and loaded; the one it replaces unloaded."""
@@ -543,15 +553,18 @@ class Lab:
     def _publish(
         trainer: Any,
         ends: dict[Any, int],
-        count: int,
         stop: threading.Event,
         failures: list[BaseException],
         timeout_s: float,
     ) -> Any:
-        """Once the trainer has read every sample up to `ends`, ask it to publish; the new version."""
+        """Once the trainer has read every sample up to `ends`, ask it to publish; the new version, or
+        None when its ability gate refused it."""
         deadline = time.monotonic() + timeout_s
         requested = False
-        while len(trainer.published) < count:
+        published, refused = len(trainer.published), len(trainer.refused)
+        while len(trainer.published) == published:
+            if len(trainer.refused) > refused:
+                return None
             state = trainer.state
             if (
                 not requested
@@ -562,11 +575,11 @@ class Lab:
                 requested = True
             if stop.is_set() or time.monotonic() > deadline:
                 raise LearningError(
-                    f"the trainer did not publish version {count}"
+                    f"the trainer did not publish version {published + 1}"
                     + (f" ({failures[0]!r})" if failures else "")
                 )
             time.sleep(0.5)
-        return trainer.published[count - 1]
+        return trainer.published[-1]
 
 
 def measure_base_rates(samples: int = 3, settings: Settings | None = None) -> dict[str, float]:

@@ -63,6 +63,7 @@ from online_rl.trainer.flows import (
     with_layout,
     with_parallel,
 )
+from online_rl.trainer.gate import ABILITY_PROBE, GateVerdict, ProbeItem, judge, load_probe, probe_correct
 from online_rl.trainer.metrics import TrainerMetrics
 from online_rl.trainer.ppo import advantages_for
 from online_rl.trainer.samples import (
@@ -112,6 +113,8 @@ class TrainerState:
     # a publish under way: its key (the version's `publish_key` tag), the step, samples and offsets it
     # seals; written to the checkpoint before MLflow hears of it (see Trainer._publish_node)
     pending_publish: dict[str, Any] | None = None
+    lr_scale: float = 1.0  # the learning rate's multiplier (trainer.ability_backoff per refusal)
+    refusals: int = 0  # versions the ability gate refused
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -132,6 +135,8 @@ class TrainerState:
             "eval_set": self.eval_entries,
             "recent": self.recent,
             "pending_publish": self.pending_publish,
+            "lr_scale": self.lr_scale,
+            "refusals": self.refusals,
         }
 
     @classmethod
@@ -152,6 +157,7 @@ class TrainerState:
             kl_coef=meta.get("kl_coef", 0.0), anchor_kl_coef=meta.get("anchor_kl_coef", 0.0),
             thumbs_up=meta.get("thumbs", [0, 0])[0], thumbs_down=meta.get("thumbs", [0, 0])[1],
             pending_publish=meta.get("pending_publish"),
+            lr_scale=meta.get("lr_scale", 1.0), refusals=meta.get("refusals", 0),
         )
 
 
@@ -180,6 +186,7 @@ class Trainer:
         self.specs = trainer_specs(settings)  # what the workers are built from
         self.ppo_config = self.specs[0].ppo
         self.published: list[PublishedVersion] = []
+        self.refused: list[GateVerdict] = []  # versions the ability gate refused, in this process
         self.metrics = TrainerMetrics()
         self._group: WorkerGroup | None = None
         self._run: TrainingRun | None = None
@@ -255,7 +262,79 @@ class Trainer:
         if state.parent_version_number is not None and self.config.eval_holdout > 0:
             self._group.set_baseline(adapter_files(run.client, self.settings.mlflow.registered_model,
                                                    state.parent_version_number))
+        if state.lr_scale != 1.0:  # refusals before the restart lowered it
+            self._group.set_learning_rate(self.config.learning_rate * state.lr_scale)
+        self._start_gate()
         return state
+
+    # -- the ability gate (online_rl/trainer/gate.py) ------------------------------------------------
+    def _start_gate(self) -> None:
+        """Load the probe and answer it with the base, once: what a version must keep."""
+        self.probe: tuple[ProbeItem, ...] = ()
+        self.probe_base: list[bool] = []
+        if not self.config.ability_gate:
+            return
+        from transformers import AutoTokenizer
+
+        path = self.config.ability_probe
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"trainer.ability_probe={path} is not a file: give a JSON-lines probe, or "
+                              "leave it empty for the built-in one")
+        try:
+            self.probe = load_probe(path) if path is not None else ABILITY_PROBE
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        tokenizer = AutoTokenizer.from_pretrained(str(self.settings.model_dir))
+        self._probe_ids = [list(tokenizer(tokenizer.apply_chat_template(
+            [{"role": "user", "content": item.prompt}], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False).input_ids) for item in self.probe]
+        self._probe_tokens = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                              else tokenizer.eos_token_id, tokenizer.eos_token_id)
+        self._tokenizer = tokenizer
+        self.probe_base = self._probe_answers(base=True)
+        logger.info("ability gate: the base answers %d of %d probe prompts correctly", sum(self.probe_base),
+                    len(self.probe), extra={"event": "ability_probe_base", "correct": sum(self.probe_base),
+                                            "asked": len(self.probe)})
+
+    def _probe_answers(self, base: bool = False) -> list[bool]:
+        pad, eos = self._probe_tokens
+        answers = self.group.answer_greedy(self._probe_ids, self.config.ability_max_tokens, pad, eos, base)
+        return probe_correct(self.probe, [str(self._tokenizer.decode(a, skip_special_tokens=True))
+                                          for a in answers])
+
+    def _gate(self, state: TrainerState) -> bool:
+        """Whether the adapter may be published; when not, go back to the last published adapter (the
+        base before the first) at a lower learning rate, and drop what was trained since."""
+        if not self.config.ability_gate:
+            return True
+        verdict = judge(self.probe, self.probe_base, self._probe_answers(), self.config.ability_tolerance)
+        self.mlflow_run.log_metrics(verdict.as_metrics(), state.step)
+        if verdict.passed:
+            return True
+        files = None
+        if state.parent_version_number is not None:
+            files = adapter_files(self.mlflow_run.client, self.settings.mlflow.registered_model,
+                                  state.parent_version_number)
+        state.lr_scale *= self.config.ability_backoff
+        self.group.reset_adapter(files, self.config.learning_rate * state.lr_scale)
+        state.refusals += 1
+        dropped = state.samples_since_publish
+        state.samples_since_publish = 0  # trained, and thrown away: nothing is due until more arrive
+        state.last_publish = time.time()
+        state.eval_gain_due = False
+        state.recent, state.cold_since_publish = {}, 0
+        self._publish_requested.clear()
+        self.refused.append(verdict)
+        self.metrics.ability_refusals.inc()
+        logger.warning("step %d: the ability gate refused the version: it answers %d of the %d probe prompts "
+                       "the base answers (lost: %s); back to %s, learning rate now %.3g",
+                       state.step, verdict.correct, verdict.base_correct, "; ".join(verdict.lost),
+                       state.parent_version or "the base", self.config.learning_rate * state.lr_scale,
+                       extra={"event": "publish_refused", "step": state.step, "kept": verdict.correct,
+                              "base_correct": verdict.base_correct, "lost": list(verdict.lost),
+                              "dropped_samples": dropped, "back_to": state.parent_version or "base",
+                              "lr_scale": state.lr_scale})
+        return False
 
     def _resume(self) -> TrainerState:
         checkpoint = self.store.load_latest()
@@ -416,6 +495,9 @@ class Trainer:
         try:
             if state.pending_publish is not None and self._settle_pending(state) is not None:
                 return  # an earlier try's version was registered after all: adopted
+            if not self._gate(state):
+                step.data["refused"] = True
+                return
             state.pending_publish = {"key": uuid.uuid4().hex, "step": state.step, "samples": state.samples,
                                      "offsets": [[tp.topic, tp.partition, o]
                                                  for tp, o in sorted(state.offsets.items())]}
@@ -471,7 +553,7 @@ class Trainer:
 
     def _checkpoint_node(self, step: Step) -> None:
         """Make the step durable: adapter, optimizer, RNG, offsets and state on disk."""
-        if step.data.get("idle") and "published" not in step.data:
+        if step.data.get("idle") and "published" not in step.data and "refused" not in step.data:
             return
         self._checkpoint(self._live)
         self._durable.update(self._live.offsets)  # where any (re)assigned partition starts from now on

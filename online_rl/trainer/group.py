@@ -179,6 +179,25 @@ class WorkerGroup:
 
         return dict(ray.get(self.workers[0].evaluate.remote(pairs, thumbs)))
 
+    def answer_greedy(self, prompts: list[list[int]], max_new_tokens: int, pad_id: int, eos_id: int,
+                      base: bool = False) -> list[list[int]]:
+        """Rank 0's greedy answers (every rank holds the same adapter)."""
+        import ray
+
+        return list(ray.get(self.workers[0].answer_greedy.remote(prompts, max_new_tokens, pad_id, eos_id,
+                                                                 base)))
+
+    def reset_adapter(self, files: dict[str, bytes] | None, learning_rate: float) -> None:
+        """Every rank's adapter back to `files` (None: as the base), with a fresh optimizer."""
+        import ray
+
+        ray.get([w.reset_adapter.remote(files, learning_rate) for w in self.workers])
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        import ray
+
+        ray.get([w.set_learning_rate.remote(learning_rate) for w in self.workers])
+
     def snapshot(self) -> dict[str, Any]:
         """Rank 0's adapter, optimizer and random state (every rank holds the same), and the critic's."""
         import ray

@@ -26,6 +26,9 @@ class TrainerMetrics:
         self.publish_failures = Counter("orl_trainer_publish_failures",
                                         "Publishes MLflow did not take (outages); each is retried next step.",
                                         registry=self.registry)
+        self.ability_refusals = Counter("orl_trainer_ability_refusals",
+                                        "Versions the ability gate refused to publish (the adapter went back "
+                                        "to the last published one).", registry=self.registry)
         self.metrics_waiting = Gauge("orl_trainer_mlflow_metrics_waiting",
                                      "Metric rows waiting for MLflow to take them (non-zero in an outage).",
                                      registry=self.registry)

@@ -14,6 +14,7 @@ import math
 import socket
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -255,6 +256,51 @@ class PolicyWorker:
         parts += [implicit_rewards(self.policy, [], thumbs[i:i + chunk], self.dpo.beta, self.precision,
                                    self.anchor) for i in range(0, len(thumbs), chunk)]
         return torch.cat(parts)
+
+    def answer_greedy(self, prompts: list[list[int]], max_new_tokens: int, pad_id: int, eos_id: int,
+                      base: bool = False) -> list[list[int]]:
+        """Greedy answers (token ids, the end-of-sequence token dropped) to chat-templated `prompts`,
+        by the current adapter or (`base`) by the base model, in the training precision: the ability
+        gate's probe (online_rl/trainer/gate.py)."""
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        self.policy.eval()
+        try:
+            with (torch.no_grad(), reference_policy(self.policy, None) if base else nullcontext(),
+                  autocast(self.precision, self.device.split(":")[0])):
+                out = self.policy.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                           max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                                           eos_token_id=eos_id)
+        finally:
+            self.policy.train()
+        answers = []
+        for row in out[:, width:].tolist():
+            answers.append(row[: row.index(eos_id)] if eos_id in row else row)
+        return answers
+
+    def reset_adapter(self, files: dict[str, bytes] | None, learning_rate: float) -> None:
+        """Put the trained adapter back to `files` (a published version's PEFT folder files; None: the
+        state that answers as the base, LoRA's B matrices zero) with a fresh optimizer at
+        `learning_rate`: the ability gate's step back."""
+        if files is None:
+            with torch.no_grad():
+                for name, parameter in self.parameters.items():
+                    if "lora_B" in name:
+                        parameter.zero_()
+        else:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load as load_safetensors
+
+            weights = load_safetensors(files["adapter_model.safetensors"])
+            result = set_peft_model_state_dict(self.policy, weights, adapter_name="default")
+            unexpected = getattr(result, "unexpected_keys", [])
+            if unexpected:
+                raise ValueError(f"the adapter to go back to does not fit the policy: {unexpected[:3]}")
+        self.optimizer = adamw(self.parameters.values(), learning_rate)
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        set_learning_rate(self.optimizer, learning_rate)
 
     # -- state ----------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
