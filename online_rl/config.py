@@ -558,6 +558,13 @@ class TrainerConfig(BaseModel):
         default=0.5, gt=0, le=1.0,
         description="After the ability gate refused a version, the learning rate is multiplied by this.",
     )
+    ability_retries: int = Field(
+        default=0, ge=0, le=10,
+        description="After a refusal, train the batches since the last publish again from the version "
+        "gone back to, at the lowered learning rate, and ask the probe again, up to this many times "
+        "before the refusal stands (0: drop them at once). Kept in memory (at most 4096 samples): after "
+        "a restart only the batches since then are trained again.",
+    )
     ability_max_tokens: int = Field(
         default=48, ge=1, le=1024, description="The ability gate's answers: at most this many tokens."
     )

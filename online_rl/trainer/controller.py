@@ -85,6 +85,8 @@ __all__ = ["Trainer", "TrainerState", "drop_trained"]
 
 logger = logging.getLogger(__name__)
 
+_REPLAY_MAX_SAMPLES = 4096  # the ability gate's retries keep at most this many samples in memory
+
 
 @dataclass
 class TrainerState:
@@ -187,6 +189,9 @@ class Trainer:
         self.ppo_config = self.specs[0].ppo
         self.published: list[PublishedVersion] = []
         self.refused: list[GateVerdict] = []  # versions the ability gate refused, in this process
+        # the DPO/KTO batches trained since the last publish, for the gate's retries (None: too many, or
+        # a PPO step among them, which cannot be trained again the same way)
+        self._replay: list[tuple[Routed, float | None, tuple[float, float] | None]] | None = []
         self.metrics = TrainerMetrics()
         self._group: WorkerGroup | None = None
         self._run: TrainingRun | None = None
@@ -285,6 +290,12 @@ class Trainer:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         tokenizer = AutoTokenizer.from_pretrained(str(self.settings.model_dir))
+        if not getattr(tokenizer, "chat_template", None):
+            logger.warning("the ability gate is off: the model at %s has no chat template to ask its probe "
+                           "with (set trainer.ability_gate=false to say so)", self.settings.model_dir,
+                           extra={"event": "ability_gate_off", "reason": "no chat template"})
+            self.probe = ()
+            return
         self._probe_ids = [list(tokenizer(tokenizer.apply_chat_template(
             [{"role": "user", "content": item.prompt}], tokenize=False, add_generation_prompt=True),
             add_special_tokens=False).input_ids) for item in self.probe]
@@ -302,21 +313,44 @@ class Trainer:
         return probe_correct(self.probe, [str(self._tokenizer.decode(a, skip_special_tokens=True))
                                           for a in answers])
 
+    def _remember(self, routed: Routed, coef: float | None, weights: tuple[float, float] | None) -> None:
+        if self._replay is None:
+            return
+        self._replay.append((routed, coef, weights))
+        if sum(r.trained for r, _, _ in self._replay) > _REPLAY_MAX_SAMPLES:
+            self._replay = None
+
     def _gate(self, state: TrainerState) -> bool:
-        """Whether the adapter may be published; when not, go back to the last published adapter (the
-        base before the first) at a lower learning rate, and drop what was trained since."""
-        if not self.config.ability_gate:
+        """Whether the adapter may be published. When not: go back to the last published adapter (the
+        base before the first) at a lower learning rate and train the batches since again, up to
+        `ability_retries` times; then, if it still fails, drop them and refuse."""
+        if not self.probe:
             return True
-        verdict = judge(self.probe, self.probe_base, self._probe_answers(), self.config.ability_tolerance)
-        self.mlflow_run.log_metrics(verdict.as_metrics(), state.step)
-        if verdict.passed:
-            return True
-        files = None
-        if state.parent_version_number is not None:
-            files = adapter_files(self.mlflow_run.client, self.settings.mlflow.registered_model,
-                                  state.parent_version_number)
-        state.lr_scale *= self.config.ability_backoff
-        self.group.reset_adapter(files, self.config.learning_rate * state.lr_scale)
+        tries = 0
+        while True:
+            verdict = judge(self.probe, self.probe_base, self._probe_answers(), self.config.ability_tolerance)
+            self.mlflow_run.log_metrics(verdict.as_metrics() | {"ability_retries": float(tries)}, state.step)
+            if verdict.passed:
+                return True
+            files = None
+            if state.parent_version_number is not None:
+                files = adapter_files(self.mlflow_run.client, self.settings.mlflow.registered_model,
+                                      state.parent_version_number)
+            state.lr_scale *= self.config.ability_backoff
+            self.group.reset_adapter(files, self.config.learning_rate * state.lr_scale)
+            if tries >= self.config.ability_retries or not self._replay:
+                break
+            tries += 1
+            logger.warning("step %d: the ability gate found %d of the %d probe prompts the base answers "
+                           "(lost: %s); training the %d batches since %s again at learning rate %.3g",
+                           state.step, verdict.correct, verdict.base_correct, "; ".join(verdict.lost),
+                           len(self._replay), state.parent_version or "the base",
+                           self.config.learning_rate * state.lr_scale,
+                           extra={"event": "ability_retry", "step": state.step, "kept": verdict.correct,
+                                  "lost": list(verdict.lost), "lr_scale": state.lr_scale, "try": tries})
+            for routed, coef, weights in self._replay:
+                self.group.train_step(routed, coef, weights)
+        self._replay = []
         state.refusals += 1
         dropped = state.samples_since_publish
         state.samples_since_publish = 0  # trained, and thrown away: nothing is due until more arrive
@@ -652,7 +686,11 @@ class Trainer:
         ups = sum(1 for _, _, up in routed.thumbs if up)
         weights = self._kto_weights(state.thumbs_up + ups, state.thumbs_down + len(routed.thumbs) - ups)
         if routed.pairs or routed.thumbs:
-            metrics = self.group.train_step(routed, state.anchor_kl_coef if adaptive else None, weights)
+            coef = state.anchor_kl_coef if adaptive else None
+            metrics = self.group.train_step(routed, coef, weights)
+            self._remember(routed, coef, weights)
+        if routed.rollouts:
+            self._replay = None
         if weights is not None and routed.thumbs:
             metrics |= {"kto_desirable_weight": weights[0], "kto_undesirable_weight": weights[1]}
         if self.config.pair_thumbs and metrics:
@@ -779,6 +817,7 @@ class Trainer:
         state.last_publish = time.time()
         state.behaviour_versions, state.reward_mapping_versions, state.recent = set(), set(), {}
         state.cold_since_publish = 0
+        self._replay = []
         self.published.append(published)
         self.metrics.published_version.set(int(published.version))
         self.metrics.published_at.set(state.last_publish)

@@ -1,6 +1,6 @@
 """The ability gate on a real Kafka broker, MLflow store and Ray runtime: a version that forgot what the
-base answered is not published, the adapter goes back and the learning rate comes down; an adapter
-that kept its answers (the lr = 0 control, same samples) is published."""
+base answered is not published, the adapter goes back and the learning rate comes down; trained again
+at a rate low enough to keep the answers (the gate's retry), the same batches are published."""
 
 from __future__ import annotations
 
@@ -56,12 +56,13 @@ def _probe_file(settings: Settings, path: Path) -> Path:
     return path
 
 
-def _gated(base: Settings, tmp_path: Path, learning_rate: float, name: str) -> Settings:
+def _gated(base: Settings, tmp_path: Path, name: str, retries: int, backoff: float) -> Settings:
     return base.model_copy(update={
         "bus": base.bus.model_copy(update={"topic_prefix": f"g{uuid.uuid4().hex[:8]}"}),
         "mlflow": base.mlflow.model_copy(update={"registered_model": name}),
         "trainer": base.trainer.model_copy(update={
-            "learning_rate": learning_rate, "ability_probe": tmp_path / "probe.jsonl",
+            "learning_rate": 5e-2, "ability_probe": tmp_path / "probe.jsonl", "ability_retries": retries,
+            "ability_backoff": backoff,
             "ability_tolerance": 0, "ability_max_tokens": TOKENS, "checkpoint_dir": tmp_path / name})})
 
 
@@ -73,8 +74,10 @@ def test_a_version_that_forgot_is_refused_and_the_trainer_steps_back(
     _probe_file(base, tmp_path / "probe.jsonl")
     client = mlflow_client(base)
     outcomes = {}
-    for name, rate in (("forgets", 5e-2), ("control", 0.0)):  # the same 16 pairs, one publish due
-        run_settings = _gated(base, tmp_path, rate, name)
+    # the same 16 pairs at a learning rate that wrecks the answers, one publish due: refused at once
+    # (no retry), or trained again at 1e-4 of the rate (a retry) and published
+    for name, retries, backoff in (("forgets", 0, 0.5), ("retried", 1, 1e-4)):
+        run_settings = _gated(base, tmp_path, name, retries, backoff)
         bus, topics = _kafka_topics(run_settings, partitions=1)
         send(bus.producer(), topics.samples, [_pair(i, random.Random(i), base.model.name) for i in range(16)])
         trainer = Trainer(run_settings, bus)
@@ -98,6 +101,8 @@ def test_a_version_that_forgot_is_refused_and_the_trainer_steps_back(
     restarted = Trainer(trainer.settings).run(idle_exit_s=2.0)  # a restart, nothing new to read
     assert restarted.lr_scale == 0.5 and restarted.refusals == 1
 
-    control, control_state, _ = outcomes["control"]
-    assert [v.version for v in control.published] == ["1"] and control.refused == []
-    assert control_state.lr_scale == 1.0
+    retried, retried_state, _ = outcomes["retried"]
+    assert [v.version for v in retried.published] == ["1"] and retried.refused == []
+    assert retried_state.lr_scale == 1e-4 and retried_state.refusals == 0
+    history = client.get_metric_history(retried.mlflow_run.run_id, "ability_retries")
+    assert [m.value for m in history] == [0.0, 1.0]  # the probe failed once, then passed on the retry
