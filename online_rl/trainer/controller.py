@@ -267,7 +267,7 @@ class Trainer:
         if state.parent_version_number is not None and self.config.eval_holdout > 0:
             self._group.set_baseline(adapter_files(run.client, self.settings.mlflow.registered_model,
                                                    state.parent_version_number))
-        if state.lr_scale != 1.0:  # refusals before the restart lowered it
+        if state.lr_scale != 1.0 and self.config.ability_gate:  # refusals before the restart lowered it
             self._group.set_learning_rate(self.config.learning_rate * state.lr_scale)
         self._start_gate()
         return state
@@ -303,6 +303,11 @@ class Trainer:
                               else tokenizer.eos_token_id, tokenizer.eos_token_id)
         self._tokenizer = tokenizer
         self.probe_base = self._probe_answers(base=True)
+        if sum(self.probe_base) <= self.config.ability_tolerance:
+            logger.warning("the ability gate cannot refuse anything: the base answers %d of the %d probe "
+                           "prompts correctly and trainer.ability_tolerance is %d; give a probe the model "
+                           "answers (trainer.ability_probe)", sum(self.probe_base), len(self.probe),
+                           self.config.ability_tolerance, extra={"event": "ability_gate_toothless"})
         logger.info("ability gate: the base answers %d of %d probe prompts correctly", sum(self.probe_base),
                     len(self.probe), extra={"event": "ability_probe_base", "correct": sum(self.probe_base),
                                             "asked": len(self.probe)})
@@ -574,6 +579,7 @@ class Trainer:
         state.last_publish = time.time()
         state.cold_since_publish = 0
         state.pending_publish = None
+        self._replay = None  # which of the batches in memory that version holds is not known: no retries
         self.published.append(published)
         self.metrics.published_version.set(int(published.version))
         self.metrics.published_at.set(state.last_publish)
@@ -685,10 +691,9 @@ class Trainer:
         adaptive = self.config.cold_start_kl_target is not None
         ups = sum(1 for _, _, up in routed.thumbs if up)
         weights = self._kto_weights(state.thumbs_up + ups, state.thumbs_down + len(routed.thumbs) - ups)
+        coef = state.anchor_kl_coef if adaptive else None
         if routed.pairs or routed.thumbs:
-            coef = state.anchor_kl_coef if adaptive else None
             metrics = self.group.train_step(routed, coef, weights)
-            self._remember(routed, coef, weights)
         if routed.rollouts:
             self._replay = None
         if weights is not None and routed.thumbs:
@@ -704,6 +709,8 @@ class Trainer:
                          "batch dead-lettered", state.step + 1, metrics.get("loss"),
                          extra={"event": "step_nonfinite", "step": state.step + 1, "batch": routed.trained})
             return False
+        if routed.pairs or routed.thumbs:  # a step that counts: the gate's retries may train it again
+            self._remember(routed, coef, weights)
         if routed.anchors and (routed.pairs or routed.thumbs):
             metrics["anchor_kl_coef"] = state.anchor_kl_coef  # the weight this step trained with
             if adaptive and "anchor_kl" in metrics:

@@ -10,7 +10,9 @@ last published adapter (the base before the first) and trains on at a lower lear
 
 The built-in probe's prompts are none of the users' prompts (the demo's and the preference suite's),
 the cold-start anchors' or the general-ability check's (`online_rl.demo.report.ABILITY_PROMPTS`), and
-the embedded model answers each of them correctly at temperature 0. A deployment can bring its own
+the embedded model answers each of them correctly at temperature 0 in float32 (15 of the 16 in the
+trainer's batched bfloat16: only what the base answers counts). Matching is by substring, as in the
+ability check (`online_rl.demo.report.correct`). A deployment can bring its own
 (`trainer.ability_probe`: JSON lines of {"prompt": ..., "accept": [...]}). Pure: no model, no Ray.
 """
 

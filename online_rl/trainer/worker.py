@@ -262,6 +262,9 @@ class PolicyWorker:
         """Greedy answers (token ids, the end-of-sequence token dropped) to chat-templated `prompts`,
         by the current adapter or (`base`) by the base model, in the training precision: the ability
         gate's probe (online_rl/trainer/gate.py)."""
+        configured = getattr(getattr(self.policy, "generation_config", None), "eos_token_id", None)
+        stops = [eos_id] + [t for t in (configured if isinstance(configured, list) else [configured])
+                            if isinstance(t, int) and t != eos_id]  # e.g. an end-of-turn token too
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
@@ -271,12 +274,13 @@ class PolicyWorker:
                   autocast(self.precision, self.device.split(":")[0])):
                 out = self.policy.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                                            max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                                           eos_token_id=eos_id)
+                                           eos_token_id=stops)
         finally:
             self.policy.train()
         answers = []
         for row in out[:, width:].tolist():
-            answers.append(row[: row.index(eos_id)] if eos_id in row else row)
+            ends = [row.index(t) for t in stops if t in row]
+            answers.append(row[: min(ends)] if ends else row)
         return answers
 
     def reset_adapter(self, files: dict[str, bytes] | None, learning_rate: float) -> None:
@@ -294,9 +298,11 @@ class PolicyWorker:
 
             weights = load_safetensors(files["adapter_model.safetensors"])
             result = set_peft_model_state_dict(self.policy, weights, adapter_name="default")
-            unexpected = getattr(result, "unexpected_keys", [])
-            if unexpected:
-                raise ValueError(f"the adapter to go back to does not fit the policy: {unexpected[:3]}")
+            unexpected = list(getattr(result, "unexpected_keys", []))
+            missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k and ".default" in k]
+            if unexpected or missing:
+                raise ValueError("the adapter to go back to does not fit the policy: "
+                                 f"unexpected {unexpected[:3]}, missing {missing[:3]}")
         self.optimizer = adamw(self.parameters.values(), learning_rate)
 
     def set_learning_rate(self, learning_rate: float) -> None:
