@@ -319,7 +319,8 @@ class Trainer:
                                           for a in answers])
 
     def _remember(self, routed: Routed, coef: float | None, weights: tuple[float, float] | None) -> None:
-        if self._replay is None:
+        """Keep the batch for the gate's retries (only when they are on: otherwise nothing is kept)."""
+        if self._replay is None or not self.config.ability_gate or self.config.ability_retries == 0:
             return
         self._replay.append((routed, coef, weights))
         if sum(r.trained for r, _, _ in self._replay) > _REPLAY_MAX_SAMPLES:
