@@ -304,10 +304,12 @@ class Trainer:
         self._tokenizer = tokenizer
         self.probe_base = self._probe_answers(base=True)
         if sum(self.probe_base) <= self.config.ability_tolerance:
-            logger.warning("the ability gate cannot refuse anything: the base answers %d of the %d probe "
-                           "prompts correctly and trainer.ability_tolerance is %d; give a probe the model "
-                           "answers (trainer.ability_probe)", sum(self.probe_base), len(self.probe),
+            logger.warning("the ability gate is off: it could refuse nothing, as the base answers %d of the "
+                           "%d probe prompts correctly and trainer.ability_tolerance is %d; give a probe the "
+                           "model answers (trainer.ability_probe)", sum(self.probe_base), len(self.probe),
                            self.config.ability_tolerance, extra={"event": "ability_gate_toothless"})
+            self.probe = ()  # nothing to guard: asking it at every publish would only cost time
+            return
         logger.info("ability gate: the base answers %d of %d probe prompts correctly", sum(self.probe_base),
                     len(self.probe), extra={"event": "ability_probe_base", "correct": sum(self.probe_base),
                                             "asked": len(self.probe)})

@@ -43,14 +43,16 @@ def test_sigterm_finishes_the_step_checkpoints_commits_and_exits(tiny_model: Pat
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     store = CheckpointStore(settings.checkpoint_dir)
     try:
-        deadline = time.monotonic() + 180
+        deadline, scraped = time.monotonic() + 180, ""
         while time.monotonic() < deadline and process.poll() is None:
             latest = store.load_latest() if (store.root / "latest").exists() else None
+            # (the write-ahead checkpoint of a publish already reads 8 samples: wait for the version too)
             if latest is not None and latest.samples == 8:
-                break
+                scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+                if "orl_trainer_last_published_version 1.0" in scraped:
+                    break
             time.sleep(1)
         assert process.poll() is None, process.stdout.read() if process.stdout else ""
-        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         assert "orl_trainer_samples_total 8.0" in scraped
         assert "orl_trainer_last_published_version 1.0" in scraped
         assert "orl_trainer_lag_records 0.0" in scraped
