@@ -17,6 +17,7 @@ it as a new version and points the `challenger` alias at it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -117,6 +118,8 @@ class TrainerState:
     pending_publish: dict[str, Any] | None = None
     lr_scale: float = 1.0  # the learning rate's multiplier (trainer.ability_backoff per refusal)
     refusals: int = 0  # versions the ability gate refused
+    # the base's answers to the gate's probe, asked once per run: {"key": what they depend on, "correct"}
+    probe_base: dict[str, Any] | None = None
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -139,6 +142,7 @@ class TrainerState:
             "pending_publish": self.pending_publish,
             "lr_scale": self.lr_scale,
             "refusals": self.refusals,
+            "probe_base": self.probe_base,
         }
 
     @classmethod
@@ -160,6 +164,7 @@ class TrainerState:
             thumbs_up=meta.get("thumbs", [0, 0])[0], thumbs_down=meta.get("thumbs", [0, 0])[1],
             pending_publish=meta.get("pending_publish"),
             lr_scale=meta.get("lr_scale", 1.0), refusals=meta.get("refusals", 0),
+            probe_base=meta.get("probe_base"),
         )
 
 
@@ -269,12 +274,13 @@ class Trainer:
                                                    state.parent_version_number))
         if state.lr_scale != 1.0 and self.config.ability_gate:  # refusals before the restart lowered it
             self._group.set_learning_rate(self.config.learning_rate * state.lr_scale)
-        self._start_gate()
+        self._start_gate(state)
         return state
 
     # -- the ability gate (online_rl/trainer/gate.py) ------------------------------------------------
-    def _start_gate(self) -> None:
-        """Load the probe and answer it with the base, once: what a version must keep."""
+    def _start_gate(self, state: TrainerState) -> None:
+        """Load the probe and answer it with the base, once per run (a restart finds the answers in its
+        checkpoint, keyed by what they depend on): what a version must keep."""
         self.probe: tuple[ProbeItem, ...] = ()
         self.probe_base: list[bool] = []
         if not self.config.ability_gate:
@@ -302,7 +308,15 @@ class Trainer:
         self._probe_tokens = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                               else tokenizer.eos_token_id, tokenizer.eos_token_id)
         self._tokenizer = tokenizer
-        self.probe_base = self._probe_answers(base=True)
+        key = hashlib.sha256(json.dumps(
+            [[[item.prompt, list(item.accept)] for item in self.probe], self.config.ability_max_tokens,
+             self.group.precision.precision, self.mlflow_run.base_sha256]).encode()).hexdigest()[:24]
+        kept = state.probe_base
+        if kept is not None and kept.get("key") == key and len(kept.get("correct", [])) == len(self.probe):
+            self.probe_base = [bool(c) for c in kept["correct"]]
+        else:
+            self.probe_base = self._probe_answers(base=True)
+            state.probe_base = {"key": key, "correct": self.probe_base}
         if sum(self.probe_base) <= self.config.ability_tolerance:
             logger.warning("the ability gate is off: it could refuse nothing, as the base answers %d of the "
                            "%d probe prompts correctly and trainer.ability_tolerance is %d; give a probe the "
@@ -310,9 +324,10 @@ class Trainer:
                            self.config.ability_tolerance, extra={"event": "ability_gate_toothless"})
             self.probe = ()  # nothing to guard: asking it at every publish would only cost time
             return
-        logger.info("ability gate: the base answers %d of %d probe prompts correctly", sum(self.probe_base),
-                    len(self.probe), extra={"event": "ability_probe_base", "correct": sum(self.probe_base),
-                                            "asked": len(self.probe)})
+        logger.info("ability gate: the base answers %d of %d probe prompts correctly%s", sum(self.probe_base),
+                    len(self.probe), " (kept in the checkpoint)" if state.probe_base is kept else "",
+                    extra={"event": "ability_probe_base", "correct": sum(self.probe_base),
+                           "asked": len(self.probe), "from_checkpoint": state.probe_base is kept})
 
     def _probe_answers(self, base: bool = False) -> list[bool]:
         pad, eos = self._probe_tokens

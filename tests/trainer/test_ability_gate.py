@@ -5,6 +5,7 @@ at a rate low enough to keep the answers (the gate's retry), the same batches ar
 from __future__ import annotations
 
 import json
+import logging
 import random
 import uuid
 from pathlib import Path
@@ -67,7 +68,7 @@ def _gated(base: Settings, tmp_path: Path, name: str, retries: int, backoff: flo
 
 
 def test_a_version_that_forgot_is_refused_and_the_trainer_steps_back(
-    base: Settings, ray_runtime: None, tmp_path: Path
+    base: Settings, ray_runtime: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from online_rl.tracking import mlflow_client
 
@@ -98,8 +99,14 @@ def test_a_version_that_forgot_is_refused_and_the_trainer_steps_back(
     assert checkpoint.metadata["refusals"] == 1 and state.samples_since_publish == 0
     lora_b = [t for n, t in checkpoint.adapter.items() if "lora_B" in n]
     assert lora_b and all(not t.any() for t in lora_b)
-    restarted = Trainer(trainer.settings).run(idle_exit_s=2.0)  # a restart, nothing new to read
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="online_rl.trainer.controller"):
+        restarted = Trainer(trainer.settings).run(idle_exit_s=2.0)  # a restart, nothing new to read
     assert restarted.lr_scale == 0.5 and restarted.refusals == 1
+    # the base's answers to the probe were kept in the checkpoint: the restart did not ask them again
+    said = [r for r in caplog.records if getattr(r, "event", None) == "ability_probe_base"]
+    assert [(r.correct, r.from_checkpoint) for r in said] == [(verdict.base_correct, True)]  # type: ignore[attr-defined]
+    assert restarted.probe_base == checkpoint.metadata["probe_base"]
 
     retried, retried_state, _ = outcomes["retried"]
     assert [v.version for v in retried.published] == ["1"] and retried.refused == []
