@@ -558,6 +558,12 @@ class TrainerConfig(BaseModel):
         default=0.5, gt=0, le=1.0,
         description="After the ability gate refused a version, the learning rate is multiplied by this.",
     )
+    ability_recovery: float = Field(
+        default=1.0, ge=1.0, le=100.0,
+        description="After a version passed the ability gate at the first try, a learning rate lowered by "
+        "refusals is multiplied by this, up to the configured one (2 with the default backoff: halved at a "
+        "refusal, doubled back at each pass). 1: a lowered rate stays.",
+    )
     ability_retries: int = Field(
         default=0, ge=0, le=10,
         description="After a refusal, train the batches since the last publish again from the version "

@@ -354,6 +354,8 @@ class Trainer:
             verdict = judge(self.probe, self.probe_base, self._probe_answers(), self.config.ability_tolerance)
             self.mlflow_run.log_metrics(verdict.as_metrics() | {"ability_retries": float(tries)}, state.step)
             if verdict.passed:
+                if tries == 0:
+                    self._recover(state)
                 return True
             files = None
             if state.parent_version_number is not None:
@@ -392,6 +394,17 @@ class Trainer:
                               "dropped_samples": dropped, "back_to": state.parent_version or "base",
                               "lr_scale": state.lr_scale})
         return False
+
+    def _recover(self, state: TrainerState) -> None:
+        """A version passed the gate at once: a learning rate that refusals lowered comes back
+        `ability_recovery`-fold, up to the configured one."""
+        if state.lr_scale >= 1.0 or self.config.ability_recovery <= 1.0:
+            return
+        state.lr_scale = min(1.0, state.lr_scale * self.config.ability_recovery)
+        self.group.set_learning_rate(self.config.learning_rate * state.lr_scale)
+        logger.info("step %d: the version passed the ability gate; learning rate back up to %.3g",
+                    state.step, self.config.learning_rate * state.lr_scale,
+                    extra={"event": "lr_recovered", "step": state.step, "lr_scale": state.lr_scale})
 
     def _resume(self) -> TrainerState:
         checkpoint = self.store.load_latest()

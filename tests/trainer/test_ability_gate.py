@@ -1,6 +1,7 @@
 """The ability gate on a real Kafka broker, MLflow store and Ray runtime: a version that forgot what the
 base answered is not published, the adapter goes back and the learning rate comes down; trained again
-at a rate low enough to keep the answers (the gate's retry), the same batches are published."""
+at a rate low enough to keep the answers (the gate's retry), the same batches are published; and a
+version that passes at once brings a lowered rate back up (`ability_recovery`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from online_rl.bus.kafka import KafkaBus
 from online_rl.config import Settings
 from online_rl.trainer import CheckpointStore, Trainer
 from tests.trainer.test_trainer import _kafka_topics, _pair, send
@@ -107,6 +109,19 @@ def test_a_version_that_forgot_is_refused_and_the_trainer_steps_back(
     said = [r for r in caplog.records if getattr(r, "event", None) == "ability_probe_base"]
     assert [(r.correct, r.from_checkpoint) for r in said] == [(verdict.base_correct, True)]  # type: ignore[attr-defined]
     assert restarted.probe_base == checkpoint.metadata["probe_base"]
+
+    # trained on at a rate that keeps the answers, with trainer.ability_recovery: the next version
+    # passes at the first try and the halved rate comes back (x2, up to the configured one)
+    gentle = trainer.settings.model_copy(update={"trainer": trainer.settings.trainer.model_copy(
+        update={"learning_rate": 1e-7, "ability_recovery": 2.0})})
+    bus = KafkaBus(gentle.kafka.bootstrap_servers or "")
+    send(bus.producer(), gentle.topics.samples,
+         [_pair(i, random.Random(i), base.model.name) for i in range(16, 32)])
+    recovered = Trainer(gentle, bus)
+    recovered_state = recovered.run(idle_exit_s=3.0)
+    bus.close()
+    assert [v.version for v in recovered.published] == ["1"] and recovered.refused == []
+    assert recovered_state.lr_scale == 1.0 and recovered_state.refusals == 1
 
     retried, retried_state, _ = outcomes["retried"]
     assert [v.version for v in retried.published] == ["1"] and retried.refused == []
