@@ -665,7 +665,8 @@ def bus_outage(root: Path, model: tuple[Path, str], mlflow_url: str, outage_s: f
 
     inputs = [TopicPartition(t, p) for t in (topics.interactions, topics.feedback)
               for p in range(bus.partitions(t))]
-    watcher_of_joiner = bus.consumer("orl-joiner")  # reads the group's commits; never subscribes
+    watcher_of_joiner = bus.consumer(f"{prefix}-joiner")  # the joiner's group (named after its topics):
+    # it reads the group's commits; it never subscribes
 
     def joiner_committed() -> int:  # the input records the joiner has joined and committed, in all
         return sum(o or 0 for o in watcher_of_joiner.committed(inputs).values())

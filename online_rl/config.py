@@ -230,8 +230,9 @@ class JoinSettings(BaseModel):
     )
     group_id: str = Field(
         default="orl-joiner", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$",
-        description="The joiners' consumer group: replicas in one group share the partitions (the chart's "
-        "ACLs and lag autoscaling name orl-joiner).",
+        description="The joiners' consumer group: replicas in one group share the partitions. Unset, it is "
+        "<bus.topic_prefix>-joiner (orl-joiner), so deployments with their own topics on one Kafka have "
+        "their own group (the chart's ACLs and lag autoscaling name the same).",
     )
 
 
@@ -472,7 +473,10 @@ class TrainerConfig(BaseModel):
     )
     keep_checkpoints: int = Field(default=3, ge=1, description="Checkpoints kept on disk.")
     experiment: str = Field(default="online-rl-trainer", min_length=1, description="MLflow experiment.")
-    group_id: str = Field(default="orl-trainer", min_length=1, description="Consumer group on the samples.")
+    group_id: str = Field(default="orl-trainer", min_length=1,
+                          description="Consumer group on the samples. Unset, it is "
+                          "<bus.topic_prefix>-trainer (orl-trainer), so deployments with their own topics "
+                          "on one Kafka have their own.")
     seed: int = Field(default=0, ge=0, le=1_000_000,
                       description="Seed of the adapter's initialisation and of dropout (and of the rollout "
                       "flow's prompt draws and sampling).")
@@ -694,7 +698,9 @@ class HybridConfig(BaseModel):
     reward_window: int = Field(default=2048, ge=1, description="Newest pairs the reward model replays.")
     publish_every_steps: int = Field(default=20, ge=1, description="Publish a version every N iterations.")
     experiment: str = Field(default="online-rl-hybrid", min_length=1, description="MLflow experiment.")
-    group_id: str = Field(default="orl-hybrid", min_length=1, description="Consumer group on the samples.")
+    group_id: str = Field(default="orl-hybrid", min_length=1,
+                          description="Consumer group on the samples. Unset, it is <bus.topic_prefix>-hybrid "
+                          "(orl-hybrid), so deployments with their own topics on one Kafka have their own.")
     cpus_per_worker: float | None = Field(
         default=None, gt=0, description="CPUs per hybrid device. Empty: ray.num_cpus / (dp × fsdp).")
     gpus_per_worker: float = Field(default=0.0, ge=0, description="GPUs per device (NCCL above 0).")
@@ -1032,6 +1038,18 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Explicit arguments > environment > the YAML file given to `load_settings`.
         return init_settings, env_settings, _YamlSource(settings_cls)
+
+    @model_validator(mode="after")
+    def _groups_follow_the_topic_prefix(self) -> Settings:
+        """A consumer group left unset is named after the topics (`bus.topic_prefix`): two deployments
+        with topics of their own on one Kafka cluster do not share a group (a member of one would take part
+        in the other's rebalances, and a killed one stall them). The default prefix keeps the names."""
+        for section, suffix in (("trainer", "trainer"), ("hybrid", "hybrid"), ("join", "joiner")):
+            config = getattr(self, section)
+            if "group_id" not in config.model_fields_set:
+                named = f"{self.bus.topic_prefix}-{suffix}"
+                setattr(self, section, config.model_copy(update={"group_id": named}))
+        return self
 
     @property
     def model_dir(self) -> Path:

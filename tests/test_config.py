@@ -34,6 +34,19 @@ def test_bad_value_names_the_field_and_the_variable(monkeypatch: pytest.MonkeyPa
     assert "host:port" in message
 
 
+def test_unset_consumer_groups_are_named_after_the_topic_prefix(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    assert load_settings().trainer.group_id == "orl-trainer"  # the default prefix keeps the names
+    config = tmp_path / "c.yaml"
+    config.write_text("bus:\n  topic_prefix: team-a\njoin:\n  group_id: joiners\n")
+    monkeypatch.setenv("ORL_HYBRID__GROUP_ID", "hybrid-of-mine")
+    settings = load_settings(config)
+    assert settings.trainer.group_id == "team-a-trainer"
+    assert (settings.join.group_id, settings.hybrid.group_id) == ("joiners", "hybrid-of-mine")  # set: kept
+    monkeypatch.setenv("ORL_BUS__TOPIC_PREFIX", "team-b")
+    assert load_settings().join.group_id == "team-b-joiner"
+
+
 def test_unknown_yaml_key_is_rejected(tmp_path: Path) -> None:
     config = tmp_path / "orl.yaml"
     config.write_text("kafak:\n  bootstrap_servers: x:1\n")

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from online_rl.bus import Topics
+from online_rl.config import Settings
 from online_rl.stream import Joiner
 from tests.deploy.chart import (
     CHART,
@@ -64,7 +65,10 @@ def test_more_replicas_than_partitions_are_refused_until_the_partitions_grow() -
 
 
 def test_the_autoscaler_scales_on_the_groups_lag_and_owns_the_replicas() -> None:
-    group = inspect.signature(Joiner.__init__).parameters["group_id"].default  # the CLI keeps the default
+    assert Settings().join.group_id == inspect.signature(Joiner.__init__).parameters["group_id"].default
+    prefix = yaml.safe_load(EXTERNAL.read_text())["config"]["bus"]["topic_prefix"]  # prod
+    group = Settings(bus={"topic_prefix": prefix}).join.group_id  # type: ignore[arg-type]
+    assert group == f"{prefix}-joiner"  # the group the code joins: named after its topics
     objects = render(EXTERNAL)
     hpa = named(objects, "HorizontalPodAutoscaler", DEPLOYMENT)["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": DEPLOYMENT}
@@ -73,6 +77,10 @@ def test_the_autoscaler_scales_on_the_groups_lag_and_owns_the_replicas() -> None
         "metric": {"name": "kafka_consumergroup_lag", "selector": {"matchLabels": {"consumergroup": group}}},
         "target": {"type": "AverageValue", "averageValue": "10000"}}}]
     assert "replicas" not in named(objects, "Deployment", DEPLOYMENT)["spec"]
+    # a group set in the configuration is the one scaled on
+    chosen = named(render(EXTERNAL, "config.join.group_id=joiners"), "HorizontalPodAutoscaler", DEPLOYMENT)
+    selector = chosen["spec"]["metrics"][0]["external"]["metric"]["selector"]["matchLabels"]
+    assert selector == {"consumergroup": "joiners"}
     tuned = render(MINIMAL, "joiner.autoscaling.enabled=true", "joiner.autoscaling.minReplicas=2",
                    "joiner.autoscaling.maxReplicas=3", "joiner.autoscaling.lagMetric=kafka_lag",
                    "joiner.autoscaling.targetLagPerReplica=500")

@@ -240,13 +240,26 @@ def test_each_kafka_client_is_its_own_user_allowed_only_what_its_code_does(
 
 def test_the_acls_follow_the_topic_prefix_and_the_trainers_group(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    objects = render(MINIMAL, "config.bus.topic_prefix=team-a", "config.trainer.group_id=team-a-trainer")
+    objects = render(MINIMAL, "config.bus.topic_prefix=team-a", "config.trainer.group_id=my-trainer")
     (trainer,) = [u for u in by_kind(objects, "KafkaUser")
                   if u["metadata"]["labels"]["app.kubernetes.io/component"] == "trainer"]
     acls = _rendered_acls(trainer)
     assert ("topic", "team-a.samples", "literal", "Read") in acls
-    assert ("group", "team-a-trainer", "literal", "Read") in acls
+    assert ("group", "my-trainer", "literal", "Read") in acls
     assert not [a for a in acls if a[0] == "topic" and a[1].startswith("orl.")]
+
+
+def test_unset_groups_are_named_after_the_topic_prefix_in_the_code_and_the_acls() -> None:
+    """Two releases with topics of their own on one Kafka do not share a consumer group."""
+    objects = render(MINIMAL, "config.bus.topic_prefix=team-a")
+    users = {u["metadata"]["labels"]["app.kubernetes.io/component"]: _rendered_acls(u)
+             for u in by_kind(objects, "KafkaUser")}
+    settings = Settings(bus={"topic_prefix": "team-a"})  # type: ignore[arg-type]
+    assert (settings.trainer.group_id, settings.join.group_id) == ("team-a-trainer", "team-a-joiner")
+    assert ("group", "team-a-trainer", "literal", "Read") in users["trainer"]
+    assert ("group", "team-a-joiner", "literal", "Read") in users["joiner"]
+    assert not [a for acls in users.values() for a in acls if a[0] == "group" and a[1] in
+                ("orl-trainer", "orl-joiner")]
 
 
 def test_every_joiner_replica_writes_join_pairs_under_a_transactional_id_of_its_own(

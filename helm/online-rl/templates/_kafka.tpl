@@ -48,8 +48,11 @@ every mode. */}}
 {{- printf "%s-%s" (include "orl.fullname" .ctx) .component -}}
 {{- end -}}
 
-{{/* The joiner's consumer group, and the prefix of its replicas' transactional ids (online_rl/stream). */}}
-{{- define "orl.joinerGroup" -}}orl-joiner{{- end -}}
+{{/* The joiner's consumer group (config.join.group_id; unset, <topic prefix>-joiner, as the code names it:
+online_rl/config.py), and the prefix of its replicas' transactional ids (online_rl/cli/bus.py). */}}
+{{- define "orl.joinerGroup" -}}
+{{- dig "join" "group_id" (printf "%s-joiner" (dig "bus" "topic_prefix" "orl" .Values.config)) .Values.config -}}
+{{- end -}}
 {{- define "orl.joinerTransactionalPrefix" -}}orl-joiner-{{- end -}}
 
 {{/* What each component does on Kafka, as the code does it: the topics it reads and writes, its consumer
@@ -94,11 +97,12 @@ joiner:
   groupPrefixes: [read-all-]
   describeGroups: [orl-probe]
   transactionalIdPrefixes: [{{ include "orl.joinerTransactionalPrefix" . }}]
-# online_rl/trainer/controller.py: reads samples in config.trainer.group_id, dead-letters what it rejects
+# online_rl/trainer/controller.py: reads samples in config.trainer.group_id (unset, <topic prefix>-trainer),
+# dead-letters what it rejects
 trainer:
   reads: [{{ $t.samples | quote }}]
   writes: [{{ $t.dlq | quote }}]
-  groups: [{{ dig "trainer" "group_id" "orl-trainer" .Values.config | quote }}]
+  groups: [{{ dig "trainer" "group_id" (printf "%s-trainer" (dig "bus" "topic_prefix" "orl" .Values.config)) .Values.config | quote }}]
   describeGroups: [orl-probe]
 {{- end -}}
 
