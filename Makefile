@@ -17,7 +17,7 @@ test: setup-test
 	@bash deploy/local/run-tests.sh
 
 test-fast: setup-test
-	@PYTEST_ARGS="-m 'not slow'" bash deploy/local/run-tests.sh
+	@PYTEST_MARK="not slow" bash deploy/local/run-tests.sh
 
 demo: setup
 	@bash deploy/local/demo.sh

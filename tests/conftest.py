@@ -1,7 +1,8 @@
 """Test harness: starts the real components the tests need, once per session.
 
 - Kafka: `$ORL_TEST_KAFKA_BOOTSTRAP` if set, else a real broker started with
-  deploy/local/kafka/kafka.sh on port `$ORL_TEST_KAFKA_PORT` (19092) and stopped at the end.
+  deploy/local/kafka/kafka.sh on port `$ORL_TEST_KAFKA_PORT` (19092) and stopped at the end. With
+  pytest-xdist (`-n N`) the controller starts it before the workers, which share it.
 - The embedded model: prepared (or found valid) in the configured cache folder.
 - Ray: a local runtime, shut down at the end.
 - MLflow: a fresh SQLite store per test under tmp_path.
@@ -56,6 +57,44 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def _kafka_env() -> dict[str, str]:
+    return {**os.environ, "ORL_KAFKA_PORT": os.environ.get("ORL_TEST_KAFKA_PORT", "19092")}
+
+
+def _start_kafka() -> tuple[str, bool]:
+    """Start the test broker (or find it running): its bootstrap, and whether it ran before."""
+    env = _kafka_env()
+    status = subprocess.run(["bash", str(KAFKA_SCRIPT), "status"], env=env, capture_output=True)
+    started = subprocess.run(
+        ["bash", str(KAFKA_SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=300
+    )
+    if started.returncode != 0:
+        raise RuntimeError(f"could not start the Kafka broker:\n{started.stderr}")
+    return started.stdout.strip().splitlines()[-1], status.returncode == 0
+
+
+def _stop_kafka() -> None:
+    subprocess.run(["bash", str(KAFKA_SCRIPT), "stop"], env=_kafka_env(), capture_output=True, timeout=60)
+
+
+_STARTED_KAFKA = pytest.StashKey[bool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist the workers would each start the broker on the same port: the controller
+    starts it once, before the workers exist, and they inherit its address."""
+    distributed = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if distributed and not os.environ.get("ORL_TEST_KAFKA_BOOTSTRAP"):
+        bootstrap, already_running = _start_kafka()
+        os.environ["ORL_TEST_KAFKA_BOOTSTRAP"] = bootstrap
+        config.stash[_STARTED_KAFKA] = not already_running
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_STARTED_KAFKA, False):
+        _stop_kafka()
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap servers of a real Kafka broker."""
@@ -63,17 +102,13 @@ def kafka_bootstrap() -> Iterator[str]:
     if configured:
         yield configured
         return
-    env = {**os.environ, "ORL_KAFKA_PORT": os.environ.get("ORL_TEST_KAFKA_PORT", "19092")}
-    status = subprocess.run(["bash", str(KAFKA_SCRIPT), "status"], env=env, capture_output=True)
-    already_running = status.returncode == 0
-    started = subprocess.run(
-        ["bash", str(KAFKA_SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=300
-    )
-    if started.returncode != 0:
-        pytest.fail(f"could not start the Kafka broker:\n{started.stderr}")
-    yield started.stdout.strip().splitlines()[-1]
+    try:
+        bootstrap, already_running = _start_kafka()
+    except RuntimeError as error:
+        pytest.fail(str(error))
+    yield bootstrap
     if not already_running:
-        subprocess.run(["bash", str(KAFKA_SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
+        _stop_kafka()
 
 
 def _free_port() -> int:

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The test command (`make test`, and so CI): lint, type-check, then pytest against a real Kafka
-# broker that this script starts on a test port and always stops. pytest's exit code 5 (no tests
-# collected) is a failure here.
-#   PYTEST_ARGS   extra pytest arguments (e.g. "-m 'not slow'")
+# broker that this script starts on a test port and always stops. pytest runs twice: the tests not
+# marked `serial` side by side in pytest-xdist workers (most of the suite waits on brokers, processes
+# and timeouts, not on the CPU), then those marked `serial` alone (their figures include time bounds).
+# No test collected by either run is a failure here.
+#   PYTEST_MARK   a marker expression that selects tests in both runs (e.g. "not slow")
+#   PYTEST_ARGS   extra pytest arguments for both runs (e.g. "-k joiner" or "tests/stream")
+#   ORL_TEST_WORKERS  workers of the first run (default: the cores, at least 2 and at most 4; 0 runs
+#                 it in one process)
 #   ORL_TEST_KAFKA_PORT  broker port for the tests (default 19092)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -47,13 +52,25 @@ if ! wait "$model_job"; then
 fi
 cat "$scratch/model.log"
 
-echo "== pytest"
+workers=${ORL_TEST_WORKERS:-$(n=$(nproc); echo $(( n < 2 ? 2 : (n > 4 ? 4 : n) )))}
+mark=${PYTEST_MARK:-}
+only() { if [ -n "$mark" ]; then echo "($mark) and $1"; else echo "$1"; fi; }
+
 set +e
-eval ".venv/bin/python -m pytest --durations=80 --junitxml=.ci-junit.xml ${PYTEST_ARGS:-}"
-rc=$?
+echo "== pytest: $workers workers side by side (the tests not marked serial)"
+eval ".venv/bin/python -m pytest -n $workers --durations=80 --junitxml=.ci-junit.xml" \
+  "-m \"$(only 'not serial')\" ${PYTEST_ARGS:-}"
+side_by_side=$?
+echo "== pytest: alone (the tests marked serial)"
+eval ".venv/bin/python -m pytest --durations=10 --junitxml=.ci-junit-serial.xml" \
+  "-m \"$(only serial)\" ${PYTEST_ARGS:-}"
+alone=$?
 set -e
-if [ $rc -eq 5 ]; then
+if [ $side_by_side -eq 5 ] && [ $alone -eq 5 ]; then
   echo "run-tests: pytest collected no tests; that is a failure" >&2
   exit 1
 fi
-exit $rc
+for rc in $side_by_side $alone; do
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
+done
+exit 0

@@ -52,7 +52,8 @@ def _free_port() -> int:
 SAID: dict[str, str] = {}  # each benchmark's last output
 
 
-def _run(name: str, args: list[str], env: dict[str, str] | None = None, timeout_s: float = 600) -> dict:
+def _run(name: str, args: list[str], env: dict[str, str] | None = None, timeout_s: float = 600,
+         every_field: bool = True) -> dict:
     command = ["bash", str(ENV_SH), sys.executable, str(ROOT / "bench" / f"{name}.py"), "--smoke", *args]
     with subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as process:
@@ -74,7 +75,7 @@ def _run(name: str, args: list[str], env: dict[str, str] | None = None, timeout_
     lines = [line for line in stdout.splitlines() if line.strip()]
     assert lines, f"bench/{name}.py --smoke printed nothing:\n{tail}"
     result = json.loads(lines[-1])
-    missing = missing_fields(result, _fields(name))
+    missing = missing_fields(result, _fields(name)) if every_field else []
     assert not missing, f"bench/{name}.py --smoke lacks {missing} in its JSON line:\n{lines[-1]}"
     machine = result["machine"]
     assert machine["cpu"] and machine["isa"] and machine["cores"] >= 1, machine
@@ -106,23 +107,23 @@ def test_hostile_input_neither_crashes_nor_skews_nor_ships_a_forgery(kafka_boots
     assert result["huge_body_sent_mib"] <= 64, result  # a 1 GiB body is refused early
 
 
-# The short schedule takes 578-649 s on the 2-core machine; a whole CI run there on a slow day (every
-# test 15-30 % slower) cut it at 840 s. The limits leave room for such a day; the figures are the test.
-@pytest.mark.timeout(1320)
-def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
-        kafka_bootstrap: str, tiny_model: Path) -> None:
-    """bench/chaos.py's short schedule (issue 27): the leader of a three-node Kafka cluster SIGKILLed
-    while users post feedback through the real API; the joiner SIGKILLed 3 times
-    inside or right after its transaction while users chat and give thumbs; the trainer SIGKILLed
-    after a publish's write-ahead checkpoint, between register and alias, and between publish and
-    checkpoint, each in a lifetime of its own, then one that finishes; and a fresh trainer with the
-    MLflow server down for 10 s after its first version; and, while users chat through the gateway,
-    a replica SIGKILLed mid hot swap, the gateway SIGKILLed after saving a promotion and again in the
-    middle of telling MLflow, a replica SIGKILLed while serving, and a replica on a full adapter disk;
-    and every Kafka node down at once for 30 s under the whole loop.
-    Its figures are guarantees, so they are checked."""
+# bench/chaos.py's short schedule (issue 27), one part (or two short ones) per test: the parts share
+# nothing, and those whose figures have no time bound run side by side with the rest of the suite. Alone
+# on the 2-core machine the parts took brokers 48 s, joiner 43, trainer 187, outage 95, serving 111,
+# bus 146. Their figures are guarantees, so they are checked.
+def _chaos(kafka_bootstrap: str, tiny_model: Path, parts: str) -> dict:
+    # (a part prints only its own figures: what each test checks stands for the documented fields)
     result = _run("chaos", ["--bootstrap", kafka_bootstrap, "--model", str(tiny_model),
-                            "--model-name", TINY_NAME], timeout_s=1200)
+                            "--model-name", TINY_NAME, "--parts", parts], timeout_s=780, every_field=False)
+    assert set(result["part_s"]) == set(parts.split(",")), result
+    return result
+
+
+def test_chaos_a_kafka_node_and_the_joiner_killed_lose_and_duplicate_nothing(kafka_bootstrap: str,
+                                                                             tiny_model: Path) -> None:
+    """The leader of a three-node Kafka cluster SIGKILLed while users post feedback through the real API;
+    the joiner SIGKILLed 3 times inside or right after its transaction while users chat and give thumbs."""
+    result = _chaos(kafka_bootstrap, tiny_model, "brokers,joiner")
     # every event the API acknowledged is on the topic (a retried one may be there twice: same event id,
     # which the joiner counts once); the client's retries hid the failover from its caller
     assert result["broker_cycles"] == 1 and result["broker_leader_kills"] == 1
@@ -130,6 +131,13 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
     assert result["feedback_client_errors"] == 0, result
     assert result["joiner_sigkilled"] == result["joiner_kills"] == 3 and result["joiner_requests"] > 100
     assert result["samples_duplicated"] == 0 and result["samples_missing"] == 0, result
+
+
+def test_chaos_trainer_killed_at_its_publishing_points_trains_every_sample_once(kafka_bootstrap: str,
+                                                                                tiny_model: Path) -> None:
+    """The trainer SIGKILLed after a publish's write-ahead checkpoint, between register and alias, and
+    between publish and checkpoint, each in a lifetime of its own, then one that finishes."""
+    result = _chaos(kafka_bootstrap, tiny_model, "trainer")
     assert [k["point"] for k in result["kills"]] == ["trainer.before_publish", "registry.after_register",
                                                       "trainer.after_publish"]
     assert all(k["sigkill"] for k in result["kills"]), result["kills"]  # each lifetime died at its point
@@ -137,14 +145,29 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
     assert result["versions"] >= 3 and result["challenger_is_newest"], result
     assert result["versions_with_overlapping_offsets"] == 0 and result["offset_gaps"] == 0, result
     assert result["orphan_versions"] == 0, result
-    # MLflow down: the trainer trained on, failed its publishes without stopping, published after
+
+
+def test_chaos_mlflow_down_the_trainer_trains_on_and_loses_no_metric(kafka_bootstrap: str,
+                                                                     tiny_model: Path) -> None:
+    """A fresh trainer with the MLflow server down for 10 s after its first version."""
+    result = _chaos(kafka_bootstrap, tiny_model, "outage")
+    # the trainer trained on, failed its publishes without stopping, published after
     assert result["outage_trainer_exit"] == 0 and result["outage_steps"] > 0, result
     assert result["outage_publish_failures"] >= 1 and result["outage_first_publish_after_s"] is not None
     assert result["outage_metric_rows_missing"] == 0, result  # the outbox delivered what waited
     assert result["outage_samples_trained"] == result["outage_samples_produced"], result
     assert result["outage_versions_with_overlapping_offsets"] == 0 and result["outage_offset_gaps"] == 0
     assert result["outage_orphan_versions"] == 0, result
-    # serving: every answer a user received is on the interactions topic; no request failed beyond the
+
+
+@pytest.mark.serial  # bounds on how soon a replica serves again
+def test_chaos_replicas_and_the_gateway_killed_no_answer_lost_and_every_decision_once(
+        kafka_bootstrap: str, tiny_model: Path) -> None:
+    """While users chat through the gateway: a replica SIGKILLed mid hot swap, the gateway SIGKILLed
+    after saving a promotion and again in the middle of telling MLflow, a replica SIGKILLed while
+    serving, and a replica on a full adapter disk."""
+    result = _chaos(kafka_bootstrap, tiny_model, "serving")
+    # every answer a user received is on the interactions topic; no request failed beyond the
     # client's retry budget through two replica kills and two gateway kills
     assert result["interactions_answered"] > 50, result
     assert result["interactions_logged"] == result["interactions_answered"], result
@@ -162,20 +185,26 @@ def test_the_loop_survives_broker_joiner_and_trainer_kills_and_an_mlflow_outage(
     assert first == {"status": "promoted", "mlflow_pending": "promote", "champion_in_mlflow": "1"}, first
     assert second == {"champion_in_mlflow": "2", "challenger_in_mlflow": "2"}, second
     assert result["gateway_recovered"], result["gateway_recovery"]  # aliases, tags, each decision once
-    # every node of the cluster down at once: each component works again on its own within the issue's
-    # 30 s of the nodes' return (measured 0.4-22.6 s, docs/reliability.md)
+    disk = result["disk_full"]
+    if "skipped" not in disk:  # needs a mount namespace for its small tmpfs
+        assert not disk["loaded_while_full"] and disk["files_left_on_disk"] == [], disk
+        assert disk["error_named_the_disk"] and disk["replica_logged_it"], disk
+        assert disk["disk_freed_to_champion_s"] < 2 * result["interval_s"] + 5, disk
+
+
+@pytest.mark.serial  # each component back within 30 s of the brokers' return
+def test_chaos_every_kafka_node_down_at_once_each_component_is_back_within_30_s(kafka_bootstrap: str,
+                                                                                tiny_model: Path) -> None:
+    """Every Kafka node of a three-node cluster down at once for 30 s under the whole loop."""
+    result = _chaos(kafka_bootstrap, tiny_model, "bus")
+    # each component works again on its own within the issue's 30 s of the nodes' return (measured
+    # 0.4-22.6 s, docs/reliability.md)
     ready = result["ready_after_broker_s"]
     assert set(ready) == {"feedback_api", "inference", "joiner", "trainer"}, ready
     # (over the target, the part printed the component's log and, stuck, its threads' stacks)
     said = SAID["chaos"]
     told = said[said.find("bus outage"):][-12000:]
     assert all(s is not None and s <= 30 for s in ready.values()), (ready, told)
-    assert set(result["part_s"]) == {"brokers", "joiner", "trainer", "outage", "serving", "bus"}, result
-    disk = result["disk_full"]
-    if "skipped" not in disk:  # needs a mount namespace for its small tmpfs
-        assert not disk["loaded_while_full"] and disk["files_left_on_disk"] == [], disk
-        assert disk["error_named_the_disk"] and disk["replica_logged_it"], disk
-        assert disk["disk_freed_to_champion_s"] < 2 * result["interval_s"] + 5, disk
 
 
 def test_the_interaction_log_benchmark_measures_both_sides_and_loses_no_record(kafka_bootstrap: str,
