@@ -23,7 +23,8 @@ answers as the base). `--record DIR` keeps every finished part: the same command
 that did not finish (the whole suite takes longer than a working session on a 2-core machine).
 
 Prints a table, then the machine line, then one JSON object: `per_preference` (base, final and
-control liked rates, `gain` over the base, `gain_over_control`, the final version's general ability,
+control liked rates, `gain` over the base, `gain_over_control`, the final version's general ability
+and `ability_missed`, the prompts of the check it answers wrongly (its answers are in the record),
 the rate of every version), `median_gain`, `min_gain`, `ability_min` (of 8), `ability_base`,
 `holdout` (the preferences kept out of the medians), and the settings that differ from the config.
 `--smoke` checks that the benchmark runs (one preference, 8 events in 1 round, 1 answer per held-out
@@ -270,6 +271,7 @@ def run_suite(
             kept = {
                 "final": final.as_dict(),
                 "ability": run.ability,
+                "ability_missed": run.ability_missed,
                 "liked_feedback": round(run.liked_feedback, 4),
                 "versions": [round(v["evaluation"].liked_rate, 4) for v in run.versions],
                 "refused": run.refused,
@@ -318,6 +320,7 @@ def run_suite(
             "final": final_rate,
             "gain": round(final_rate - base[entry.name].liked_rate, 4),
             "ability": kept["ability"],
+            "ability_missed": sorted(kept.get("ability_missed", {})),  # the prompts (answers: the record)
             "liked_feedback": kept["liked_feedback"],
             "versions": kept["versions"],
             "refused": kept.get("refused", 0),

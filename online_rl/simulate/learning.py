@@ -99,6 +99,7 @@ class LearnRun:
     feedback_events: int = 0
     liked_feedback: float = 0.0  # share of the feedback that was positive (0-1 scale)
     ability: int | None = None  # of the 8 general-ability prompts, the final version's correct answers
+    ability_missed: dict[str, str] = field(default_factory=dict)  # prompt -> the final version's wrong answer
     refused: int = 0  # rounds whose version the trainer's ability gate refused (the last one served on)
     duration_s: float = 0.0
     final_adapter: str | None = None  # the engine-level name of the final version (still loaded)
@@ -115,6 +116,7 @@ class LearnRun:
             "feedback_events": self.feedback_events,
             "liked_feedback": round(self.liked_feedback, 4),
             "ability": self.ability,
+            "ability_missed": self.ability_missed,
             "refused": self.refused,
             "duration_s": round(self.duration_s, 1),
             "versions": [
@@ -277,10 +279,18 @@ class Lab:
 
     def ability(self, adapter: str | None) -> int:
         """How many of the demo's 8 general-ability prompts `adapter` answers correctly (temperature 0)."""
+        from online_rl.demo.report import ABILITY_PROMPTS
+
+        return len(ABILITY_PROMPTS) - len(self.ability_missed(adapter))
+
+    def ability_missed(self, adapter: str | None) -> dict[str, str]:
+        """The demo's general-ability prompts `adapter` answers wrongly (temperature 0), with its answers:
+        which facts a version lost, not only how many."""
         from online_rl.demo.report import ABILITY_PROMPTS, correct
 
         answers = self.complete([p for p, _ in ABILITY_PROMPTS], [0] * len(ABILITY_PROMPTS), adapter, 0.0, 48)
-        return sum(correct(a[0], accepted) for a, (_, accepted) in zip(answers, ABILITY_PROMPTS, strict=True))
+        return {prompt: a[0] for a, (prompt, accepted) in zip(answers, ABILITY_PROMPTS, strict=True)
+                if not correct(a[0], accepted)}
 
     def load(self, name: str, folder: Path) -> None:
         self.loop.run_until_complete(self.engine.load_adapter(name, folder))
@@ -327,7 +337,10 @@ class Lab:
                         f"{name}: round {index + 1}/{config.rounds}: version {version} after "
                         f"{run.feedback_events} feedback events liked {evaluation.liked_rate:.3f}"
                     )
-            run.ability = self.ability(state.adapter)
+            from online_rl.demo.report import ABILITY_PROMPTS
+
+            run.ability_missed = self.ability_missed(state.adapter)
+            run.ability = len(ABILITY_PROMPTS) - len(run.ability_missed)
         except BaseException:
             if state.adapter is not None:
                 self.unload(state.adapter)

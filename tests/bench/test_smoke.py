@@ -226,6 +226,7 @@ def test_the_learning_benchmark_runs_on_a_tiny_model(kafka_bootstrap: str, tiny_
                   {"ORL_CACHE_DIR": str(tmp_path / "cache")})
     row = result["per_preference"]["numbers"]
     assert len(row["versions"]) == 1 and 0 <= row["final"] <= 1 and "gain_over_control" in row
+    assert len(row["ability_missed"]) == 8 - row["ability"], row  # which prompts of the check were lost
 
 
 def test_the_grpo_benchmark_runs_on_a_tiny_model(tiny_model: Path) -> None:
