@@ -111,11 +111,32 @@ def test_hostile_input_neither_crashes_nor_skews_nor_ships_a_forgery(kafka_boots
 # nothing, and those whose figures have no time bound run side by side with the rest of the suite. Alone
 # on the 2-core machine the parts took brokers 48 s, joiner 43, trainer 187, outage 95, serving 111,
 # bus 146. Their figures are guarantees, so they are checked.
+_CHAOS_FIGURES = {  # which part prints which documented field (bench/chaos.py's FIELDS); serving: the rest
+    "trainer": {"samples_produced", "samples_trained", "versions", "versions_with_overlapping_offsets",
+                "offset_gaps", "orphan_versions", "challenger_is_newest", "kills", "restart_to_first_step_s"},
+    "joiner": {"joiner_kills", "joiner_sigkilled", "joiner_requests", "samples_duplicated", "samples_missing",
+               "joiner_lifetime_s"},
+    "bus": {"bus_outage_s", "ready_after_broker_s"},
+    "run": {"seconds", "schedule", "part_s"},
+}
+
+
+def _chaos_part_of(field: str) -> str:
+    if field.startswith("outage_"):
+        return "outage"
+    if field.startswith(("broker_", "feedback_")):
+        return "brokers"
+    return next((part for part, named in _CHAOS_FIGURES.items() if field in named), "serving")
+
+
 def _chaos(kafka_bootstrap: str, tiny_model: Path, parts: str) -> dict:
-    # (a part prints only its own figures: what each test checks stands for the documented fields)
     result = _run("chaos", ["--bootstrap", kafka_bootstrap, "--model", str(tiny_model),
                             "--model-name", TINY_NAME, "--parts", parts], timeout_s=780, every_field=False)
     assert set(result["part_s"]) == set(parts.split(",")), result
+    # a part prints its own documented fields (and the run's): every one of them
+    owed = [f for f in _fields("chaos") if _chaos_part_of(f) in {"run", *parts.split(",")}]
+    missing = missing_fields(result, owed)
+    assert not missing, f"bench/chaos.py --smoke --parts {parts} lacks {missing}:\n{result}"
     return result
 
 
