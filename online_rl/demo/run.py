@@ -55,6 +55,7 @@ class DemoOptions:
     promotions: int = 2
     show: bool = True
     line_every_s: float = 30.0
+    settle_s: float = 60.0  # after the traffic: how long to wait for the gateway to act on the newest version
 
     def __post_init__(self) -> None:
         if self.kind not in ("thumbs", "rating"):
@@ -361,8 +362,37 @@ def _run_users(
     return result, stopped_by
 
 
+def _settle(settings: Settings, wiring: dict[str, Any], keys: RunKeys, started: float, settle_s: float,
+            echo: Callable[[str], None]) -> str | None:
+    """Wait (at most `settle_s`) until the gateway has acted on the version MLflow's `challenger` alias
+    names, so a version the trainer published as the traffic ended is in the report with its decision,
+    not listed in MLflow alone. Settled too: no challenger, or a rollout of another version running (the
+    newest waits its turn there as it would with users). None when settled, else what was left."""
+    deadline, said = time.monotonic() + settle_s, False
+    with _admin(wiring, keys) as admin:
+        while True:
+            newest = [v["version"] for v in _mlflow_versions(settings) if "challenger" in v["aliases"]]
+            now = admin.get("/rollout").json()
+            rollout = now.get("rollout") or {}
+            acted = {str(e["version"]) for e in _history(admin, started)}
+            champion = (now.get("champion") or {}).get("version")
+            if (not newest or newest[0] in acted or str(champion) == newest[0]
+                    or (rollout.get("status") == "running" and str(rollout.get("challenger")) != newest[0])):
+                return None
+            if time.monotonic() >= deadline:
+                last = now.get("last_error")
+                why = f" (its last error: {last})" if last else ""
+                return (f"version {newest[0]} was published but the gateway had not acted on it "
+                        f"{settle_s:.0f} s after the traffic ended{why}")
+            if not said:
+                echo(f"waiting up to {settle_s:.0f} s for the gateway to act on version {newest[0]} ...")
+                said = True
+            time.sleep(1.0)
+
+
 def _gather(
-    settings: Settings, wiring: dict[str, Any], keys: RunKeys, started: float, echo: Callable[[str], None]
+    settings: Settings, wiring: dict[str, Any], keys: RunKeys, started: float, echo: Callable[[str], None],
+    settle_s: float = 0.0,
 ) -> _Records:
     """The rollout decisions, MLflow's versions, each version's training lineage, the general-ability
     check and the trainer's precision; a part that fails is left empty and named in `problems`."""
@@ -384,6 +414,10 @@ def _gather(
         with _admin(wiring, keys) as http:
             return _history(http, started)
 
+    unsettled = gather("the newest version's rollout",
+                       lambda: _settle(wired, wiring, keys, started, settle_s, echo), None)
+    if unsettled:
+        problems.append(unsettled)
     history = gather("rollout decisions", final_history, [])
     versions = gather("MLflow versions", lambda: _mlflow_versions(wired), [])
     trained_on = gather("training lineage", lambda: _trained_on(wired, versions), {})
@@ -455,7 +489,7 @@ def run_demo(
     ended = time.time()
     answers = list(result.answers)
     echo("gathering the report: rollout decisions, MLflow versions, training lineage, general ability ...")
-    records = _gather(settings, wiring, keys, started, echo)
+    records = _gather(settings, wiring, keys, started, echo, options.settle_s)
     meta = _meta(settings, wiring, options, population, result, started, ended, stopped_by, records)
     report = build_report(answers, records.history, records.versions, records.trained_on, records.ability,
                           base_model, registered, meta)
