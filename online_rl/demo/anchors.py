@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from online_rl.config import Settings, load_settings
 from online_rl.events import Completion, FeedbackKind, Message, TrainingSample
+from online_rl.models.chat import user_turn_ids
 
 __all__ = ["ANCHORS", "NEUTRAL_PROMPTS", "AnchorStyle", "base_answers", "cold_start_samples",
            "write_cold_start"]
@@ -84,13 +85,6 @@ NEUTRAL_PROMPTS: tuple[str, ...] = (
 )
 
 
-def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
-    """The chat-templated user turn, ready for the assistant's answer."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
-
-
 def base_answers(settings: Settings, prompts: tuple[str, ...] = NEUTRAL_PROMPTS,
                  max_new_tokens: int = NEUTRAL_MAX_TOKENS, tokenizer: Any = None,
                  ) -> list[tuple[str, list[int], list[int]]]:
@@ -104,7 +98,7 @@ def base_answers(settings: Settings, prompts: tuple[str, ...] = NEUTRAL_PROMPTS,
     eos = tokenizer.eos_token_id
     out = []
     for prompt in prompts:
-        ids = _prompt_ids(tokenizer, prompt)
+        ids = user_turn_ids(tokenizer, prompt)
         inputs = torch.tensor([ids])
         with torch.no_grad():
             generated = model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
@@ -137,7 +131,7 @@ def cold_start_samples(settings: Settings, style: AnchorStyle = "short") -> list
     if style == "neutral":
         return [_sample(settings, prompt, ids, str(tokenizer.decode(answer, skip_special_tokens=True)),
                         answer, style) for prompt, ids, answer in base_answers(settings, tokenizer=tokenizer)]
-    return [_sample(settings, prompt, _prompt_ids(tokenizer, prompt), answer,
+    return [_sample(settings, prompt, user_turn_ids(tokenizer, prompt), answer,
                     [*tokenizer(answer, add_special_tokens=False).input_ids, tokenizer.eos_token_id], style)
             for prompt, answer in ANCHORS]
 

@@ -362,6 +362,18 @@ def _run_users(
     return result, stopped_by
 
 
+def settled(challenger: str | None, now: dict[str, Any], history: list[dict[str, Any]]) -> bool:
+    """Whether the gateway has acted on `challenger` (the version MLflow's alias names), given its
+    rollout status `now` and its decisions `history`: no challenger, a decision on it, it is the
+    champion already, or a rollout of another version is running (it waits its turn)."""
+    if challenger is None or challenger in {str(e["version"]) for e in history}:
+        return True
+    if str((now.get("champion") or {}).get("version")) == challenger:
+        return True
+    rollout = now.get("rollout") or {}
+    return rollout.get("status") == "running" and str(rollout.get("challenger")) != challenger
+
+
 def _settle(settings: Settings, wiring: dict[str, Any], keys: RunKeys, started: float, settle_s: float,
             echo: Callable[[str], None]) -> str | None:
     """Wait (at most `settle_s`) until the gateway has acted on the version MLflow's `challenger` alias
@@ -373,11 +385,7 @@ def _settle(settings: Settings, wiring: dict[str, Any], keys: RunKeys, started: 
         while True:
             newest = [v["version"] for v in _mlflow_versions(settings) if "challenger" in v["aliases"]]
             now = admin.get("/rollout").json()
-            rollout = now.get("rollout") or {}
-            acted = {str(e["version"]) for e in _history(admin, started)}
-            champion = (now.get("champion") or {}).get("version")
-            if (not newest or newest[0] in acted or str(champion) == newest[0]
-                    or (rollout.get("status") == "running" and str(rollout.get("challenger")) != newest[0])):
+            if settled(newest[0] if newest else None, now, _history(admin, started)):
                 return None
             if time.monotonic() >= deadline:
                 last = now.get("last_error")

@@ -1,5 +1,6 @@
 """Base models: the embedded default (prepared from a GGUF shipped on PyPI) and a tiny test model."""
 
+from online_rl.models.chat import user_turn_ids
 from online_rl.models.embedded import (
     CHECK_EXPECTED,
     CHECK_PROMPT,
@@ -21,5 +22,6 @@ __all__ = [
     "greedy_chat",
     "locate_gguf",
     "prepare_embedded_model",
+    "user_turn_ids",
     "validate_model_dir",
 ]

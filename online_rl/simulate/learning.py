@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from online_rl.config import Settings
 from online_rl.events import Feedback, Interaction, Message, SamplingParams, encode
+from online_rl.models.chat import user_turn_ids
 from online_rl.simulate.errors import LearningError
 from online_rl.simulate.population import FeedbackKind, Population
 from online_rl.simulate.suite import SUITE, SuiteEntry
@@ -226,10 +227,7 @@ class Lab:
     # -- generation --------------------------------------------------------------------------------
     def prompt_ids(self, prompt: str) -> list[int]:
         if prompt not in self._prompt_ids:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-            )
-            self._prompt_ids[prompt] = list(self.tokenizer(text, add_special_tokens=False).input_ids)
+            self._prompt_ids[prompt] = user_turn_ids(self.tokenizer, prompt)
         return self._prompt_ids[prompt]
 
     def complete(

@@ -37,6 +37,7 @@ from online_rl.events import TrainingSample
 from online_rl.faults import failpoint
 from online_rl.flow.errors import FlowError
 from online_rl.flow.graph import Flow, Step
+from online_rl.models.chat import user_turn_ids
 from online_rl.registry import (
     LINEAGE_NAME,
     PublishedVersion,
@@ -302,9 +303,7 @@ class Trainer:
                            extra={"event": "ability_gate_off", "reason": "no chat template"})
             self.probe = ()
             return
-        self._probe_ids = [list(tokenizer(tokenizer.apply_chat_template(
-            [{"role": "user", "content": item.prompt}], tokenize=False, add_generation_prompt=True),
-            add_special_tokens=False).input_ids) for item in self.probe]
+        self._probe_ids = [user_turn_ids(tokenizer, item.prompt) for item in self.probe]
         self._probe_tokens = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                               else tokenizer.eos_token_id, tokenizer.eos_token_id)
         self._tokenizer = tokenizer

@@ -22,3 +22,19 @@ def test_without_a_running_loop_the_demo_says_how_to_start_it(tmp_path: Path) ->
     with pytest.raises(DemoError, match=r"the loop is not up .*start it with `online-rl up`"):
         run_demo(settings, tmp_path / "report", DemoOptions(), echo=lambda _: None)
     assert not (tmp_path / "report").exists()
+
+
+def test_the_report_waits_only_for_a_version_the_gateway_has_not_acted_on() -> None:
+    from online_rl.demo.run import settled
+
+    idle = {"champion": {"version": None}, "rollout": None}
+    assert settled(None, idle, [])  # nothing published
+    assert not settled("3", idle, [])  # published as the traffic ended, no decision yet
+    assert settled("3", idle, [{"version": "3", "action": "start"}])
+    assert settled("3", idle, [{"version": "3", "action": "reject"}])  # a refusal is a decision too
+    assert not settled("3", idle, [{"version": "2", "action": "start"}])
+    assert settled("3", {"champion": {"version": "3"}, "rollout": None}, [])  # promoted already
+    running = {"champion": {"version": "1"}, "rollout": {"status": "running", "challenger": "2"}}
+    assert settled("3", running, [])  # waits for version 2's rollout, as it would with users
+    ended = {"champion": {"version": "1"}, "rollout": {"status": "rolled_back", "challenger": "2"}}
+    assert not settled("3", ended, [])
