@@ -224,9 +224,9 @@ class JoinSettings(BaseModel):
     )
     instance: str = Field(
         default="0", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$",
-        description="This joiner's name among its replicas: its transactional id is orl-joiner-<instance>, "
-        "so each replica needs its own (the chart uses the pod's name); a restarted replica with the same "
-        "name fences its predecessor.",
+        description="This joiner's name among its replicas: its transactional id is "
+        "<join.group_id>-<instance> (orl-joiner-<instance> by default), so each replica needs its own (the "
+        "chart uses the pod's name); a restarted replica with the same name fences its predecessor.",
     )
     group_id: str = Field(
         default="orl-joiner", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$",

@@ -87,7 +87,7 @@ def join_cmd(
         max_feedback_per_request=join.max_feedback_per_request,
     )
     joiner = Joiner(bus, config, topics=topics, group_id=join.group_id,
-                    transactional_id=f"orl-joiner-{join.instance}")
+                    transactional_id=f"{join.group_id}-{join.instance}")
     if metrics_port:
         from prometheus_client import start_http_server
 

@@ -12,8 +12,8 @@ another task to `join-pairs`, rejected records to the DLQ, and the consumed offs
 A task is rebuilt from its changelog partition whenever it is assigned (even to the joiner that held
 it before: another may have moved it on meanwhile) and dropped when revoked; an aborted step rebuilds
 every task and rewinds to the committed offsets. So after a crash, a rebalance or a scale-out nothing
-is joined twice and nothing is dropped. Each joiner's transactional id (`orl-joiner-<instance>`)
-fences a stale twin of itself.
+is joined twice and nothing is dropped. Each joiner's transactional id (`<its group>-<instance>`, by default
+`orl-joiner-<instance>`) fences a stale twin of itself.
 """
 
 from __future__ import annotations

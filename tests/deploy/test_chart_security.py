@@ -45,8 +45,8 @@ ROLLOUT_FEED_GROUP_PREFIX = ("orl-rollout-", "online_rl/rollout/shared.py")
 # Bus.read_all: the joiner's restore, the gateway controller's reload of the rollout topic
 READ_ALL_GROUP_PREFIX = ("read-all-", "online_rl/bus/base.py")
 PROBE_GROUP = ("orl-probe", "online_rl/bus/kafka.py")  # KafkaBus.end_offsets' probe consumer
-# Each joiner replica's transactional id, from its join.instance (the chart gives it the pod's name)
-JOINER_TRANSACTIONAL_ID = ("orl-joiner-{join.instance}", "online_rl/cli/bus.py")
+# Each joiner replica's transactional id: its group, then its join.instance (the chart: the pod's name)
+JOINER_TRANSACTIONAL_ID = ("{join.group_id}-{join.instance}", "online_rl/cli/bus.py")
 
 
 @dataclass
@@ -101,7 +101,9 @@ def _code_uses(settings: Settings) -> dict[str, Uses]:
                        writes={topics.samples, topics.join_state, topics.join_pairs, topics.dlq},
                        groups={joiner["group_id"].default},
                        group_prefixes={_named_in_code(READ_ALL_GROUP_PREFIX)}, described_groups={probe},
-                       transactional_id_prefixes={_named_in_code(JOINER_TRANSACTIONAL_ID).split("{")[0]}),
+                       transactional_id_prefixes={
+                           _named_in_code(JOINER_TRANSACTIONAL_ID).split("{join.instance}")[0].format(
+                               join=settings.join)}),
         "trainer": Uses(reads={topics.samples}, writes={topics.dlq}, groups={settings.trainer.group_id},
                         described_groups={probe}),
     }
@@ -260,6 +262,12 @@ def test_unset_groups_are_named_after_the_topic_prefix_in_the_code_and_the_acls(
     assert ("group", "team-a-joiner", "literal", "Read") in users["joiner"]
     assert not [a for acls in users.values() for a in acls if a[0] == "group" and a[1] in
                 ("orl-trainer", "orl-joiner")]
+    # ... and so are the joiner's transactional ids: a release's joiner cannot fence another's
+    replica = settings.join.model_copy(update={"instance": "p"})
+    own = _named_in_code(JOINER_TRANSACTIONAL_ID).format(join=replica)
+    assert own == "team-a-joiner-p"
+    assert {a for a in users["joiner"] if a[0] == "transactionalId"} == {
+        ("transactionalId", "team-a-joiner-", "prefix", op) for op in ("Write", "Describe")}
 
 
 def test_every_joiner_replica_writes_join_pairs_under_a_transactional_id_of_its_own(

@@ -53,7 +53,7 @@ online_rl/config.py), and the prefix of its replicas' transactional ids (online_
 {{- define "orl.joinerGroup" -}}
 {{- dig "join" "group_id" (printf "%s-joiner" (dig "bus" "topic_prefix" "orl" .Values.config)) .Values.config -}}
 {{- end -}}
-{{- define "orl.joinerTransactionalPrefix" -}}orl-joiner-{{- end -}}
+{{- define "orl.joinerTransactionalPrefix" -}}{{ include "orl.joinerGroup" . }}-{{- end -}}
 
 {{/* What each component does on Kafka, as the code does it: the topics it reads and writes, its consumer
 groups (literal names and prefixes; `describeGroups`: only looked up) and transactional ids (literal names
@@ -88,7 +88,7 @@ gateway:
 {{- end }}
 # online_rl/stream/joiner.py: every replica is a member of one group; one transaction writes samples, the
 # changelog, join-pairs, dead letters and offsets, under the replica's own transactional id
-# (orl-joiner-<join.instance>: the pod's name); it restores the changelog with Bus.read_all (a throw-away
+# (<its group>-<join.instance>: the pod's name); it restores the changelog with Bus.read_all (a throw-away
 # group) and sizes it with end_offsets' probe
 joiner:
   reads: [{{ $t.interactions | quote }}, {{ $t.feedback | quote }}, {{ index $t "join-state" | quote }}, {{ index $t "join-pairs" | quote }}]
