@@ -43,10 +43,6 @@ def _has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The tests marked slow first (a stable sort: each group keeps its order): side by side in xdist
-    # workers, the long ones then start early and the short ones fill in around them, rather than one
-    # long test left running alone at the end.
-    items.sort(key=lambda item: "slow" not in item.keywords)
     if _has_gpu():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -6,9 +6,8 @@
 # No test collected by either run is a failure here.
 #   PYTEST_MARK   a marker expression that selects tests in both runs (e.g. "not slow")
 #   PYTEST_ARGS   extra pytest arguments for both runs (e.g. "-k joiner" or "tests/stream")
-#   ORL_TEST_WORKERS  workers of the first run (default: one more than the cores, at least 3 and at
-#                 most 4; 0 runs it in one process). The workers share their work out as they go
-#                 (--dist worksteal), the tests marked slow first.
+#   ORL_TEST_WORKERS  workers of the first run (default: the cores, at least 2 and at most 4; 0 runs
+#                 it in one process)
 #   ORL_TEST_KAFKA_PORT  broker port for the tests (default 19092)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -57,13 +56,13 @@ if ! wait "$model_job"; then
 fi
 cat "$scratch/model.log"
 
-workers=${ORL_TEST_WORKERS:-$(n=$(( $(nproc) + 1 )); echo $(( n < 3 ? 3 : (n > 4 ? 4 : n) )))}
+workers=${ORL_TEST_WORKERS:-$(n=$(nproc); echo $(( n < 2 ? 2 : (n > 4 ? 4 : n) )))}
 mark=${PYTEST_MARK:-}
 only() { if [ -n "$mark" ]; then echo "($mark) and $1"; else echo "$1"; fi; }
 
 set +e
 echo "== pytest: $workers workers side by side (the tests not marked serial)"
-eval ".venv/bin/python -m pytest -n $workers --dist worksteal --durations=80 --junitxml=.ci-junit.xml" \
+eval ".venv/bin/python -m pytest -n $workers --durations=80 --junitxml=.ci-junit.xml" \
   "-m \"$(only 'not serial')\" ${PYTEST_ARGS:-}"
 side_by_side=$?
 echo "== pytest: alone (the tests marked serial)"

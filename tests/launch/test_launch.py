@@ -136,12 +136,14 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
     with pytest.raises(LaunchError, match="already running"):
         up(settings, config, echo=lambda _: None)
 
-    # The demo on the running loop: simulated users for a short budget, then the report.
+    # The demo on the running loop: simulated users until one version is promoted and has served a few
+    # answers, or a budget that also fits a machine busy with other tests (45 s was too short twice in CI
+    # with two and three test workers on 2 cores: once nothing was published yet), then the report.
     from online_rl.demo import DemoOptions, run_demo
 
     said: list[str] = []
-    options = DemoOptions(budget_s=45, measure=10, concurrency=4, max_tokens=8, users=20, silent=0.0,
-                          noise=0.0, line_every_s=5)
+    options = DemoOptions(budget_s=120, promotions=1, measure=5, concurrency=4, max_tokens=8, users=20,
+                          silent=0.0, noise=0.0, line_every_s=5)
     report = run_demo(settings, tmp_path / "report", options, echo=said.append)
     saved = json.loads((tmp_path / "report" / "report.json").read_text())
     # no terminal here: plain progress lines instead of bars, so a run in CI or under nohup shows life
