@@ -171,7 +171,7 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
     assert all(v["tags"]["offsets"].startswith(settings.bus.topic_prefix) for v in saved["mlflow_versions"])
     published = {f"policy-v{v['version']}" for v in saved["mlflow_versions"]}
     started = [d["version"] for d in saved["decisions"] if d["action"] == "start"]
-    assert started and set(started) <= published, (saved["decisions"], saved["problems"])
+    assert started and set(started) <= published, (saved["decisions"], saved["meta"]["problems"])
     fresh = saved["freshness_s_by_version"]
     assert any(0 < fresh.get(v, -1) < 60 for v in started), (fresh, started)
 
