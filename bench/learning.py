@@ -173,7 +173,7 @@ def main() -> None:
 
 class Record:
     """The finished parts of a bench run (base, each preference's run, the control), kept in
-    DIR/results.jsonl under the run's fingerprint, with the control's adapter: a run longer than one
+    DIR/results.jsonl under the run's fingerprint, with the control's and each run's final adapter: a run longer than one
     sitting continues where it stopped (`--record DIR`). The base model's parts are kept under
     `base_key` (what they depend on: the model, the traffic and the engine, not the trainer's
     settings), so every study of settings in one folder shares one base measurement. Without a
@@ -205,6 +205,10 @@ class Record:
     @property
     def control_adapter(self) -> Path | None:
         return None if self.folder is None else self.folder / f"control-{self.key}"
+
+    def run_adapter(self, name: str) -> Path | None:
+        """Where the final version of preference `name`'s run is kept."""
+        return None if self.folder is None else self.folder / f"run-{self.key}-{name}"
 
 
 def fingerprint(settings: Any, config: LearnConfig, control: str, engine: str) -> str:
@@ -266,6 +270,9 @@ def run_suite(
             run = lab.learn(entry, config, progress=say)
             if run.final_adapter is not None:
                 lab.unload(run.final_adapter)
+            kept_final = record.run_adapter(entry.name)
+            if kept_final is not None and run.final_folder is not None:  # to study it again later
+                shutil.copytree(run.final_folder, kept_final, dirs_exist_ok=True)
             final = run.final
             assert final is not None
             kept = {
