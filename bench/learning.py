@@ -25,7 +25,10 @@ that did not finish (the whole suite takes longer than a working session on a 2-
 Prints a table, then the machine line, then one JSON object: `per_preference` (base, final and
 control liked rates, `gain` over the base, `gain_over_control`, the final version's general ability
 and `ability_missed`, the prompts of the check it answers wrongly (its answers are in the record),
-the rate of every version), `median_gain`, `min_gain`, `ability_min` (of 8), `ability_base`,
+the rate of every version, and `facts_kept`: the share of the fact check's facts the base answers
+that the final version still answers, online_rl/simulate/facts.py), `median_gain`, `min_gain`,
+`ability_min` (of 8), `ability_base`, `facts_kept_min`, `facts_base` (facts the base answers, of
+the check's), `control_facts_kept`,
 `holdout` (the preferences kept out of the medians), and the settings that differ from the config.
 `--smoke` checks that the benchmark runs (one preference, 8 events in 1 round, 1 answer per held-out
 prompt, the lr = 0 control); CI runs it on a tiny model (`--config` with `model.path`).
@@ -52,11 +55,13 @@ import yaml
 from bench.common import emit, kafka_broker
 from online_rl.config import Settings, load_settings
 from online_rl.hardware import resolve_precision
+from online_rl.simulate.facts import facts_kept
 from online_rl.simulate.learning import Evaluation, Lab, LearnConfig
 from online_rl.simulate.suite import SUITE, SuiteEntry, suite_entry
 
 ROOT = Path(__file__).resolve().parents[1]
-FIELDS = ("per_preference", "median_gain", "min_gain", "ability_min", "ability_base", "holdout",
+FIELDS = ("per_preference", "median_gain", "min_gain", "ability_min", "ability_base", "facts_kept_min",
+          "facts_base", "holdout",
           "min_gain_over_control", "control_ability", "events", "rounds", "control", "duration_s", "machine")
 
 
@@ -173,8 +178,9 @@ def main() -> None:
 
 class Record:
     """The finished parts of a bench run (base, each preference's run, the control), kept in
-    DIR/results.jsonl under the run's fingerprint, with the control's and each run's final adapter: a run longer than one
-    sitting continues where it stopped (`--record DIR`). The base model's parts are kept under
+    DIR/results.jsonl under the run's fingerprint, with the control's and each run's final adapter: a
+    run longer than one sitting continues where it stopped (`--record DIR`). The base model's parts
+    (its rates, its ability and which facts of the fact check it answers) are kept under
     `base_key` (what they depend on: the model, the traffic and the engine, not the trainer's
     settings), so every study of settings in one folder shares one base measurement. Without a
     folder nothing is kept."""
@@ -189,7 +195,8 @@ class Record:
                     self.parts[(item["part"], item["name"])] = item["data"]
 
     def _key(self, part: str, name: str) -> str:
-        return self.base_key if part == "base" or (part, name) == ("ability", "base") else self.key
+        base = part == "base" or (part, name) in (("ability", "base"), ("facts", "base"))
+        return self.base_key if base else self.key
 
     def get(self, part: str, name: str) -> Any:
         return self.parts.get((part, name))
@@ -262,7 +269,12 @@ def run_suite(
     if ability_base is None:
         ability_base = lab.ability(None)
         record.put("ability", "base", ability_base)
-    say(f"base: ability {ability_base}/8; " + ", ".join(f"{n} {b.liked_rate:.3f}" for n, b in base.items()))
+    facts_base = record.get("facts", "base")
+    if facts_base is None:
+        facts_base = lab.facts(None)
+        record.put("facts", "base", facts_base)
+    say(f"base: ability {ability_base}/8, facts {sum(facts_base)}/{len(facts_base)}; "
+        + ", ".join(f"{n} {b.liked_rate:.3f}" for n, b in base.items()))
     rows: dict[str, dict[str, Any]] = {}
     for entry in entries:
         kept = record.get("run", entry.name)
@@ -282,6 +294,7 @@ def run_suite(
                 "liked_feedback": round(run.liked_feedback, 4),
                 "versions": [round(v["evaluation"].liked_rate, 4) for v in run.versions],
                 "refused": run.refused,
+                "facts_kept": facts_kept(facts_base, run.facts),
                 "duration_s": round(run.duration_s, 1),
             }
             record.put("run", entry.name, kept)
@@ -290,6 +303,7 @@ def run_suite(
         rows[entry.name] = kept
     controls: dict[str, Evaluation] = {}
     control_ability = record.get("ability", "control")
+    control_facts = record.get("facts", "control")
     missing = [e for e in entries if record.get("control", e.name) is None]
     for entry in entries:
         if entry not in missing:
@@ -299,6 +313,9 @@ def run_suite(
         if kept_adapter is not None and kept_adapter.is_dir():
             name = f"control-{record.key}"
             lab.load(name, kept_adapter)
+            if control_facts is None:  # a record from before the fact check
+                control_facts = facts_kept(facts_base, lab.facts(name))
+                record.put("facts", "control", control_facts)
         else:
             if control == "lr0":
                 control_run = lab.learn(SUITE[0], config, learning_rate=0.0, label="control-lr0",
@@ -309,6 +326,8 @@ def run_suite(
             # every version refused by the ability gate: the control answers as the base
             name, control_ability = control_run.final_adapter, control_run.ability
             record.put("ability", "control", control_ability)
+            control_facts = facts_kept(facts_base, control_run.facts)
+            record.put("facts", "control", control_facts)
             if kept_adapter is not None and control_run.final_folder is not None and name is not None:
                 shutil.copytree(control_run.final_folder, kept_adapter, dirs_exist_ok=True)
         for entry in missing:
@@ -331,6 +350,7 @@ def run_suite(
             "liked_feedback": kept["liked_feedback"],
             "versions": kept["versions"],
             "refused": kept.get("refused", 0),
+            "facts_kept": kept.get("facts_kept"),  # None: a record from before the fact check
             "duration_s": kept["duration_s"],
         }
         if entry.name in controls:
@@ -340,16 +360,20 @@ def run_suite(
     scored = [r for r in per.values() if not r["holdout"]] or list(per.values())
     gains = [r["gain"] for r in scored]
     abilities = [r["ability"] for r in per.values() if r["ability"] is not None]
+    kept_facts = [r["facts_kept"] for r in per.values() if r["facts_kept"] is not None]
     out: dict[str, Any] = {
         "per_preference": per,
         "median_gain": round(statistics.median(gains), 4),
         "min_gain": round(min(gains), 4),
         "ability_min": min(abilities) if abilities else None,
         "ability_base": ability_base,
+        "facts_kept_min": min(kept_facts) if kept_facts else None,
+        "facts_base": f"{sum(facts_base)}/{len(facts_base)}",
         "holdout": [n for n, r in per.items() if r["holdout"]],
     }
     if all("gain_over_control" in r for r in scored) and controls:
         out["control_ability"] = control_ability
+        out["control_facts_kept"] = control_facts
         out["min_gain_over_control"] = round(min(r["gain_over_control"] for r in scored), 4)
     return out
 
@@ -358,19 +382,21 @@ def print_table(result: dict[str, Any]) -> None:
     print()
     print(
         f"{'preference':14s} {'kind':26s} {'base':>6s} {'control':>8s} {'final':>6s} {'gain':>7s} "
-        f"{'ability':>7s}  versions"
+        f"{'ability':>7s} {'facts':>6s}  versions"
     )
     for name, row in result["per_preference"].items():
         control = f"{row['control']:.3f}" if "control" in row else "-"
         print(
             f"{name + (' (h)' if row['holdout'] else ''):14s} {row['kind']:26s} {row['base']:6.3f} "
             f"{control:>8s} "
-            f"{row['final']:6.3f} {row['gain']:+7.3f} {str(row['ability']) + '/8':>7s}  "
+            f"{row['final']:6.3f} {row['gain']:+7.3f} {str(row['ability']) + '/8':>7s} "
+            f"{'-' if row['facts_kept'] is None else format(row['facts_kept'], '.3f'):>6s}  "
             + " ".join(f"{v:.2f}" for v in row["versions"])
         )
     print(
         f"median gain {result['median_gain']:+.3f}, min gain {result['min_gain']:+.3f}, ability min "
-        f"{result['ability_min']}/8 (base {result['ability_base']}/8)"
+        f"{result['ability_min']}/8 (base {result['ability_base']}/8), facts kept min "
+        f"{result['facts_kept_min']} (the base answers {result['facts_base']})"
     )
 
 

@@ -102,6 +102,7 @@ class LearnRun:
     ability: int | None = None  # of the 8 general-ability prompts, the final version's correct answers
     ability_missed: dict[str, str] = field(default_factory=dict)  # prompt -> the final version's wrong answer
     refused: int = 0  # rounds whose version the trainer's ability gate refused (the last one served on)
+    facts: list[bool] = field(default_factory=list)  # the final version on the fact check, per fact
     duration_s: float = 0.0
     final_adapter: str | None = None  # the engine-level name of the final version (still loaded)
     final_folder: Path | None = None  # the final version's adapter as downloaded from MLflow
@@ -290,6 +291,16 @@ class Lab:
         return {prompt: a[0] for a, (prompt, accepted) in zip(answers, ABILITY_PROMPTS, strict=True)
                 if not correct(a[0], accepted)}
 
+    def facts(self, adapter: str | None) -> list[bool]:
+        """Which of the fact check's prompts (`online_rl.simulate.facts.FACT_CHECK`) `adapter` answers
+        correctly (temperature 0, 48 tokens): forgetting measured on a couple of hundred facts rather than
+        8, so that one fragile answer flipping does not decide it (`facts_kept`)."""
+        from online_rl.simulate.facts import FACT_CHECK
+        from online_rl.trainer.gate import probe_correct
+
+        answers = self.complete([f.prompt for f in FACT_CHECK], [0] * len(FACT_CHECK), adapter, 0.0, 48)
+        return probe_correct(FACT_CHECK, [a[0] for a in answers])
+
     def load(self, name: str, folder: Path) -> None:
         self.loop.run_until_complete(self.engine.load_adapter(name, folder))
 
@@ -339,6 +350,7 @@ class Lab:
 
             run.ability_missed = self.ability_missed(state.adapter)
             run.ability = len(ABILITY_PROMPTS) - len(run.ability_missed)
+            run.facts = self.facts(state.adapter)
         except BaseException:
             if state.adapter is not None:
                 self.unload(state.adapter)
