@@ -575,6 +575,14 @@ class TrainerConfig(BaseModel):
         "before the refusal stands (0: drop them at once). Kept in memory (at most 4096 samples): after "
         "a restart only the batches since then are trained again.",
     )
+    ability_shrink: list[float] = Field(
+        default_factory=list, max_length=8,
+        description="After the probe fails, before stepping back all the way: keep only this share of the "
+        "adapter's change since the last published version (the base before the first), for each share in "
+        "turn (decreasing, each in (0, 1), e.g. [0.5, 0.25]), and ask the probe again; the first that passes "
+        "is published and training goes on from it (the learning rate unchanged). Empty: a failed probe "
+        "steps back at once.",
+    )
     ability_max_tokens: int = Field(
         default=48, ge=1, le=1024, description="The ability gate's answers: at most this many tokens."
     )
@@ -616,6 +624,10 @@ class TrainerConfig(BaseModel):
             raise ValueError(f"trainer.pair_thumbs makes DPO pairs of thumbs and trains the rest with KTO, "
                              f"and trainer.algorithm={self.algorithm} trains only one of them: set "
                              "trainer.algorithm=auto, or pair_thumbs false")
+        shrink = self.ability_shrink
+        if any(not 0 < keep < 1 for keep in shrink) or shrink != sorted(set(shrink), reverse=True):
+            raise ValueError(f"trainer.ability_shrink={shrink} must be decreasing shares in (0, 1) of the "
+                             "change to keep, e.g. [0.5, 0.25] (empty: step back at once)")
         if self.cold_start_loss == "kl" and self.algorithm == "ppo":
             raise ValueError("trainer.cold_start_loss=kl holds the DPO/KTO step to its anchors, and "
                              "trainer.algorithm=ppo takes none: use cold_start_loss=label, or algorithm auto")

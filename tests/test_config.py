@@ -77,6 +77,8 @@ def test_explicit_arguments_beat_the_environment(monkeypatch: pytest.MonkeyPatch
      r"a starting trainer.cold_start_kl_coef above 0"),
     ("trainer:\n  pair_thumbs: true\n  algorithm: kto\n",
      r"trainer.pair_thumbs makes DPO pairs .* trainer.algorithm=kto .* set trainer.algorithm=auto"),
+    ("trainer:\n  ability_shrink: [0.25, 0.5]\n", r"trainer.ability_shrink=\[0.25, 0.5\] must be decreasing"),
+    ("trainer:\n  ability_shrink: [1.0]\n", r"shares in \(0, 1\) of the change to keep, e.g. \[0.5, 0.25\]"),
     ("trainer:\n  eval_holdout: 0.7\n", r"trainer.eval_holdout"),
     ("trainer:\n  algorithm: grpo\n", r"trainer.algorithm"),
     ("hybrid:\n  fsdp: 3\n  tp: 2\n", r"hybrid.tp=2 must divide hybrid.dp × hybrid.fsdp = 3"),

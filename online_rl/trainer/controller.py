@@ -119,6 +119,7 @@ class TrainerState:
     pending_publish: dict[str, Any] | None = None
     lr_scale: float = 1.0  # the learning rate's multiplier (trainer.ability_backoff per refusal)
     refusals: int = 0  # versions the ability gate refused
+    shrinks: int = 0  # versions the ability gate passed after shrinking their change (ability_shrink)
     # the base's answers to the gate's probe, asked once per run: {"key": what they depend on, "correct"}
     probe_base: dict[str, Any] | None = None
 
@@ -143,6 +144,7 @@ class TrainerState:
             "pending_publish": self.pending_publish,
             "lr_scale": self.lr_scale,
             "refusals": self.refusals,
+            "shrinks": self.shrinks,
             "probe_base": self.probe_base,
         }
 
@@ -165,7 +167,7 @@ class TrainerState:
             thumbs_up=meta.get("thumbs", [0, 0])[0], thumbs_down=meta.get("thumbs", [0, 0])[1],
             pending_publish=meta.get("pending_publish"),
             lr_scale=meta.get("lr_scale", 1.0), refusals=meta.get("refusals", 0),
-            probe_base=meta.get("probe_base"),
+            shrinks=meta.get("shrinks", 0), probe_base=meta.get("probe_base"),
         )
 
 
@@ -360,6 +362,8 @@ class Trainer:
             if state.parent_version_number is not None:
                 files = adapter_files(self.mlflow_run.client, self.settings.mlflow.registered_model,
                                       state.parent_version_number)
+            if self._shrink(state, files, verdict):
+                return True
             state.lr_scale *= self.config.ability_backoff
             self.group.reset_adapter(files, self.config.learning_rate * state.lr_scale)
             if tries >= self.config.ability_retries or not self._replay:
@@ -392,6 +396,30 @@ class Trainer:
                               "base_correct": verdict.base_correct, "lost": list(verdict.lost),
                               "dropped_samples": dropped, "back_to": state.parent_version or "base",
                               "lr_scale": state.lr_scale})
+        return False
+
+    def _shrink(self, state: TrainerState, files: dict[str, bytes] | None, failed: GateVerdict) -> bool:
+        """`trainer.ability_shrink`: keep a smaller share of the adapter's change since the last published
+        version (`files`; the base before the first), each in turn, until one passes the probe. True: the
+        shrunk adapter is what gets published and trained on; False: none passed (or none configured),
+        and the adapter is left at the smallest share tried, for the step back to replace."""
+        kept = 1.0
+        for keep in self.config.ability_shrink:
+            self.group.shrink_adapter(files, keep / kept)  # of what is left: keep of the whole change
+            kept = keep
+            verdict = judge(self.probe, self.probe_base, self._probe_answers(), self.config.ability_tolerance)
+            self.mlflow_run.log_metrics(verdict.as_metrics() | {"ability_shrink_kept": keep}, state.step)
+            logger.warning("step %d: the ability gate found %d of the %d probe prompts the base answers with "
+                           "the whole change since %s (lost: %s); keeping %.3g of it: %d%s", state.step,
+                           failed.correct, failed.base_correct, state.parent_version or "the base",
+                           "; ".join(failed.lost), keep, verdict.correct,
+                           ", published" if verdict.passed else "",
+                           extra={"event": "ability_shrink", "step": state.step, "keep": keep,
+                                  "kept": verdict.correct, "passed": verdict.passed,
+                                  "lost": list(verdict.lost)})
+            if verdict.passed:
+                state.shrinks += 1
+                return True
         return False
 
     def _recover(self, state: TrainerState) -> None:

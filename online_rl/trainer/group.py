@@ -193,6 +193,12 @@ class WorkerGroup:
 
         ray.get([w.reset_adapter.remote(files, learning_rate) for w in self.workers])
 
+    def shrink_adapter(self, files: dict[str, bytes] | None, keep: float) -> None:
+        """Every rank's adapter moved back towards `files` (None: the base), keeping `keep` of its change."""
+        import ray
+
+        ray.get([w.shrink_adapter.remote(files, keep) for w in self.workers])
+
     def set_learning_rate(self, learning_rate: float) -> None:
         import ray
 

@@ -287,23 +287,41 @@ class PolicyWorker:
         """Put the trained adapter back to `files` (a published version's PEFT folder files; None: the
         state that answers as the base, LoRA's B matrices zero) with a fresh optimizer at
         `learning_rate`: the ability gate's step back."""
+        self._load_adapter(files)
+        self.optimizer = adamw(self.parameters.values(), learning_rate)
+
+    def shrink_adapter(self, files: dict[str, bytes] | None, keep: float) -> None:
+        """Move the trained adapter back towards `files` (None: the base), keeping the share `keep` of
+        each parameter's change since: the ability gate's partial step back. From the base (LoRA's B
+        zero) that is exactly `keep` times the adapter's change of the weights. The optimizer's state
+        stays."""
+        if not 0 < keep < 1:
+            raise ValueError(f"shrink_adapter: keep={keep} must lie in (0, 1)")
+        trained = {name: parameter.detach().clone() for name, parameter in self.parameters.items()}
+        self._load_adapter(files)
+        with torch.no_grad():
+            for name, parameter in self.parameters.items():
+                parameter.add_(trained[name] - parameter, alpha=keep)
+
+    def _load_adapter(self, files: dict[str, bytes] | None) -> None:
+        """The adapter's parameters set to `files` (a published version's PEFT folder files; None: as
+        the base, LoRA's B zero and A as it is)."""
         if files is None:
             with torch.no_grad():
                 for name, parameter in self.parameters.items():
                     if "lora_B" in name:
                         parameter.zero_()
-        else:
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load as load_safetensors
+            return
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load as load_safetensors
 
-            weights = load_safetensors(files["adapter_model.safetensors"])
-            result = set_peft_model_state_dict(self.policy, weights, adapter_name="default")
-            unexpected = list(getattr(result, "unexpected_keys", []))
-            missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k and ".default" in k]
-            if unexpected or missing:
-                raise ValueError("the adapter to go back to does not fit the policy: "
-                                 f"unexpected {unexpected[:3]}, missing {missing[:3]}")
-        self.optimizer = adamw(self.parameters.values(), learning_rate)
+        weights = load_safetensors(files["adapter_model.safetensors"])
+        result = set_peft_model_state_dict(self.policy, weights, adapter_name="default")
+        unexpected = list(getattr(result, "unexpected_keys", []))
+        missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k and ".default" in k]
+        if unexpected or missing:
+            raise ValueError("the adapter to go back to does not fit the policy: "
+                             f"unexpected {unexpected[:3]}, missing {missing[:3]}")
 
     def set_learning_rate(self, learning_rate: float) -> None:
         set_learning_rate(self.optimizer, learning_rate)

@@ -59,13 +59,14 @@ def _probe_file(settings: Settings, path: Path) -> Path:
     return path
 
 
-def _gated(base: Settings, tmp_path: Path, name: str, retries: int, backoff: float) -> Settings:
+def _gated(base: Settings, tmp_path: Path, name: str, retries: int, backoff: float,
+           shrink: tuple[float, ...] = ()) -> Settings:
     return base.model_copy(update={
         "bus": base.bus.model_copy(update={"topic_prefix": f"g{uuid.uuid4().hex[:8]}"}),
         "mlflow": base.mlflow.model_copy(update={"registered_model": name}),
         "trainer": base.trainer.model_copy(update={
             "learning_rate": 5e-2, "ability_probe": tmp_path / "probe.jsonl", "ability_retries": retries,
-            "ability_backoff": backoff,
+            "ability_backoff": backoff, "ability_shrink": list(shrink),
             "ability_tolerance": 0, "ability_max_tokens": TOKENS, "checkpoint_dir": tmp_path / name})})
 
 
@@ -78,9 +79,11 @@ def test_a_version_that_forgot_is_refused_and_the_trainer_steps_back(
     client = mlflow_client(base)
     outcomes = {}
     # the same 16 pairs at a learning rate that wrecks the answers, one publish due: refused at once
-    # (no retry), or trained again at 1e-4 of the rate (a retry) and published
-    for name, retries, backoff in (("forgets", 0, 0.5), ("retried", 1, 1e-4)):
-        run_settings = _gated(base, tmp_path, name, retries, backoff)
+    # (no retry), or trained again at 1e-4 of the rate (a retry) and published, or shrunk to a share
+    # of its change small enough to keep the answers (ability_shrink) and published
+    for name, retries, backoff, shrink in (("forgets", 0, 0.5, ()), ("retried", 1, 1e-4, ()),
+                                           ("shrunk", 0, 0.5, (0.5, 1e-3))):
+        run_settings = _gated(base, tmp_path, name, retries, backoff, shrink)
         bus, topics = _kafka_topics(run_settings, partitions=1)
         send(bus.producer(), topics.samples, [_pair(i, random.Random(i), base.model.name) for i in range(16)])
         trainer = Trainer(run_settings, bus)
@@ -128,3 +131,15 @@ def test_a_version_that_forgot_is_refused_and_the_trainer_steps_back(
     assert retried_state.lr_scale == 1e-4 and retried_state.refusals == 0
     history = client.get_metric_history(retried.mlflow_run.run_id, "ability_retries")
     assert [m.value for m in history] == [0.0, 1.0]  # the probe failed once, then passed on the retry
+
+    # shrunk: the whole change lost answers, a small enough share of it kept them; that share was
+    # published and is what the trainer goes on from (not the base: LoRA's B is not zero), at the
+    # configured rate
+    shrunk, shrunk_state, shrunk_checkpoint = outcomes["shrunk"]
+    assert [v.version for v in shrunk.published] == ["1"] and shrunk.refused == []
+    assert shrunk_state.shrinks == 1 and shrunk_state.refusals == 0 and shrunk_state.lr_scale == 1.0
+    tried = [m.value for m in client.get_metric_history(shrunk.mlflow_run.run_id, "ability_shrink_kept")]
+    passed = [m.value for m in client.get_metric_history(shrunk.mlflow_run.run_id, "ability_probe_passed")]
+    assert tried in ([0.5], [0.5, 1e-3]) and passed == [0.0] * len(tried) + [1.0], (tried, passed)
+    assert shrunk_checkpoint is not None and shrunk_checkpoint.metadata["shrinks"] == 1
+    assert any(t.any() for n, t in shrunk_checkpoint.adapter.items() if "lora_B" in n)
