@@ -30,8 +30,9 @@ that the final version still answers, online_rl/simulate/facts.py), `median_gain
 `ability_min` (of 8), `ability_base`, `facts_kept_min`, `facts_base` (facts the base answers, of
 the check's), `control_facts_kept`,
 `holdout` (the preferences kept out of the medians), and the settings that differ from the config.
-`--smoke` checks that the benchmark runs (one preference, 8 events in 1 round, 1 answer per held-out
-prompt, the lr = 0 control); CI runs it on a tiny model (`--config` with `model.path`).
+`--smoke` checks that the benchmark runs (one preference, 8 events in 1 round, 1 answer per
+held-out prompt, 8 facts of the fact check, the lr = 0 control); CI runs it on a tiny model
+(`--config` with `model.path`).
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ def main() -> None:
         else [suite_entry(n.strip()) for n in args.preferences.split(",") if n.strip()]
     )
     config = LearnConfig(
-        events=args.events, rounds=args.rounds, kind=args.kind, eval_samples=args.eval_samples, seed=args.seed
+        events=args.events, rounds=args.rounds, kind=args.kind, eval_samples=args.eval_samples,
+        seed=args.seed, facts=8 if args.smoke else None,
     )
     changes = overrides(args.changes)
     began = time.monotonic()
@@ -231,7 +233,8 @@ def fingerprint(settings: Any, config: LearnConfig, control: str, engine: str) -
         "trainer": trainer,
         "join": settings.join.model_dump(mode="json"),
         "model": settings.model.name,
-        "config": asdict(config),
+        # (the fact check's size only when cut: records from before it still match)
+        "config": {k: v for k, v in asdict(config).items() if not (k == "facts" and v is None)},
         "control": control,
         "engine": engine,
         "precision": resolve_precision(settings.trainer.precision, log_choice=False).precision,
@@ -271,7 +274,7 @@ def run_suite(
         record.put("ability", "base", ability_base)
     facts_base = record.get("facts", "base")
     if facts_base is None:
-        facts_base = lab.facts(None)
+        facts_base = lab.facts(None, config.facts)
         record.put("facts", "base", facts_base)
     say(f"base: ability {ability_base}/8, facts {sum(facts_base)}/{len(facts_base)}; "
         + ", ".join(f"{n} {b.liked_rate:.3f}" for n, b in base.items()))
@@ -314,7 +317,7 @@ def run_suite(
             name = f"control-{record.key}"
             lab.load(name, kept_adapter)
             if control_facts is None:  # a record from before the fact check
-                control_facts = facts_kept(facts_base, lab.facts(name))
+                control_facts = facts_kept(facts_base, lab.facts(name, config.facts))
                 record.put("facts", "control", control_facts)
         else:
             if control == "lr0":

@@ -61,6 +61,7 @@ class LearnConfig:
     max_tokens: int = 48
     temperature: float = 0.7
     eval_samples: int = 4  # answers per held-out prompt per version
+    facts: int | None = None  # the fact check's first this many facts (None: all) for the final version
     seed: int = 0
     round_timeout_s: float = 1800.0
     # a no-learning control that still trains: each user judges another user's answer of the same wave
@@ -291,15 +292,17 @@ class Lab:
         return {prompt: a[0] for a, (prompt, accepted) in zip(answers, ABILITY_PROMPTS, strict=True)
                 if not correct(a[0], accepted)}
 
-    def facts(self, adapter: str | None) -> list[bool]:
+    def facts(self, adapter: str | None, count: int | None = None) -> list[bool]:
         """Which of the fact check's prompts (`online_rl.simulate.facts.FACT_CHECK`) `adapter` answers
         correctly (temperature 0, 48 tokens): forgetting measured on a couple of hundred facts rather than
-        8, so that one fragile answer flipping does not decide it (`facts_kept`)."""
+        8, so that one fragile answer flipping does not decide it (`facts_kept`); `count`: the first this
+        many facts only (a smoke run)."""
         from online_rl.simulate.facts import FACT_CHECK
         from online_rl.trainer.gate import probe_correct
 
-        answers = self.complete([f.prompt for f in FACT_CHECK], [0] * len(FACT_CHECK), adapter, 0.0, 48)
-        return probe_correct(FACT_CHECK, [a[0] for a in answers])
+        asked = FACT_CHECK[:count]
+        answers = self.complete([f.prompt for f in asked], [0] * len(asked), adapter, 0.0, 48)
+        return probe_correct(asked, [a[0] for a in answers])
 
     def load(self, name: str, folder: Path) -> None:
         self.loop.run_until_complete(self.engine.load_adapter(name, folder))
@@ -350,7 +353,7 @@ class Lab:
 
             run.ability_missed = self.ability_missed(state.adapter)
             run.ability = len(ABILITY_PROMPTS) - len(run.ability_missed)
-            run.facts = self.facts(state.adapter)
+            run.facts = self.facts(state.adapter, config.facts)
         except BaseException:
             if state.adapter is not None:
                 self.unload(state.adapter)
