@@ -247,6 +247,8 @@ def base_fingerprint(settings: Any, config: LearnConfig, engine: str) -> str:
     and the serving engine."""
     described = {"model": settings.model.name, "engine": engine, "eval_samples": config.eval_samples,
                  "seed": config.seed, "temperature": config.temperature, "max_tokens": config.max_tokens}
+    if config.facts is not None:  # a cut fact check has its own base answers (records before it: whole)
+        described["facts"] = config.facts
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -136,3 +136,18 @@ def test_a_learning_bench_record_keeps_parts_per_fingerprint(tmp_path: Path) -> 
     assert Record(tmp_path, "bbbb").get("base", "you")["liked_rate"] == 0.9
     assert again.control_adapter == tmp_path / "control-aaaa"
     assert Record(None, "aaaa").get("base", "you") is None  # no folder: nothing kept
+    assert again.run_adapter("you") == tmp_path / "run-aaaa-you"  # each run's final version kept too
+    # the base's fact-check answers are a base part: shared by every study of settings in the folder
+    Record(tmp_path, "aaaa", base_key="base1").put("facts", "base", [True, False])
+    assert Record(tmp_path, "cccc", base_key="base1").get("facts", "base") == [True, False]
+
+
+def test_a_cut_fact_check_has_base_answers_of_its_own() -> None:
+    from types import SimpleNamespace
+
+    from bench.learning import base_fingerprint
+    from online_rl.simulate.learning import LearnConfig
+
+    settings = SimpleNamespace(model=SimpleNamespace(name="m"))
+    whole = base_fingerprint(settings, LearnConfig(), "transformers")
+    assert base_fingerprint(settings, LearnConfig(facts=8), "transformers") != whole
