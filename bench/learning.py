@@ -62,8 +62,8 @@ from online_rl.simulate.suite import SUITE, SuiteEntry, suite_entry
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("per_preference", "median_gain", "min_gain", "ability_min", "ability_base", "facts_kept_min",
-          "facts_base", "holdout",
-          "min_gain_over_control", "control_ability", "events", "rounds", "control", "duration_s", "machine")
+          "facts_base", "holdout", "min_gain_over_control", "control_ability", "control_facts_kept", "events",
+          "rounds", "control", "duration_s", "machine")
 
 
 def overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
