@@ -94,7 +94,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.chaos_serving import serving_faults
-from bench.common import ROOT, emit, free_port, kafka_broker, start_cli_service
+from bench.common import ROOT, emit, kafka_broker, start_cli_service
+from online_rl.ports import free_port
 
 FULL = ("trainer.mid_step", "checkpoint.mid_write", "trainer.before_publish", "registry.after_register",
         "trainer.after_publish", "trainer.before_commit")

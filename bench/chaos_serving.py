@@ -48,7 +48,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, free_port
+from bench.common import ROOT
+from online_rl.ports import free_port
 
 __all__ = ["Service", "serving_faults"]
 

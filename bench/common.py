@@ -52,13 +52,6 @@ def kafka_broker(bootstrap: str | None, port: int = 19292) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def start_cli_service(args: list[str], env: dict[str, str], url: str, what: str,
                       timeout_s: float = 300.0) -> subprocess.Popen[bytes]:
     """Run `online-rl <args>` with `env` added, and return once `url`/readyz answers 200."""

@@ -42,10 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.common import ROOT, alternated, emit, free_port, kafka_broker, put_spread
+from bench.common import ROOT, alternated, emit, kafka_broker, put_spread
 from online_rl.bus import TopicPartition, Topics, ensure_topics
 from online_rl.bus.kafka import KafkaBus
 from online_rl.events import encode
+from online_rl.ports import free_port
 from tests.factories import interaction, thumbs
 
 FIELDS = ("joiner_events_per_s_1", "joiner_events_per_s_2", "joiner_events_per_s_3", "scaling_2_vs_1",

@@ -27,6 +27,7 @@ from online_rl.bus import Bus
 from online_rl.bus.embedded import EmbeddedBus
 from online_rl.bus.kafka import KafkaBus
 from online_rl.config import Settings, load_settings
+from online_rl.ports import free_port
 from tests.factories import BusFactory, lora_adapter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,20 +112,12 @@ def kafka_bootstrap() -> Iterator[str]:
         _stop_kafka()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Broker:
     """A broker of this test's own, which the test stops and restarts (same data)."""
 
     def __init__(self, **env: str) -> None:
-        port = _free_port()
-        self.env = {**os.environ, "ORL_KAFKA_PORT": str(port), "ORL_KAFKA_CONTROLLER_PORT": str(_free_port()),
+        port = free_port()
+        self.env = {**os.environ, "ORL_KAFKA_PORT": str(port), "ORL_KAFKA_CONTROLLER_PORT": str(free_port()),
                     **env}
         self.bootstrap = f"127.0.0.1:{port}"
 

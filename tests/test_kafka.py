@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from online_rl.ports import free_port
 from tests.conftest import KAFKA_SCRIPT
 
 
@@ -48,12 +49,6 @@ def test_produce_and_consume_on_a_real_broker(kafka_bootstrap: str) -> None:
     assert sorted(seen) == sorted(f"v{i}" for i in range(10))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_start_refuses_a_taken_port(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -77,7 +72,7 @@ def test_start_without_java_says_what_to_install(tmp_path: Path) -> None:
     env = {
         "PATH": str(bin_dir),
         "HOME": str(tmp_path),
-        "ORL_KAFKA_PORT": str(_free_port()),
+        "ORL_KAFKA_PORT": str(free_port()),
         "ORL_KAFKA_HOME": str(tmp_path / "kafka"),
     }
     bash = shutil.which("bash")

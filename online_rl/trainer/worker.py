@@ -11,7 +11,6 @@ nothing about the bus, MLflow or when to publish.
 from __future__ import annotations
 
 import math
-import socket
 import tempfile
 import time
 from contextlib import nullcontext
@@ -34,6 +33,7 @@ from online_rl.algos.batch import (
 )
 from online_rl.algos.logprobs import reference_policy
 from online_rl.algos.policy import trainable_parameters
+from online_rl.ports import free_port
 from online_rl.registry.lineage import folder_files, write_folder
 from online_rl.trainer.checkpoint import Checkpoint, capture_rng
 from online_rl.trainer.samples import Shard
@@ -68,10 +68,7 @@ class PolicyWorker:
         """Rank 0's address and a free port for the process group."""
         import ray
 
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            port = probe.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), free_port("")
 
     def join(self, address: str, port: int, rank: int, world: int) -> None:
         """Join the process group of `world` ranks (all ranks call this at once)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from bench.common import missing_fields
+from online_rl.ports import free_port
 from tests.conftest import TINY_NAME
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -41,12 +41,6 @@ def _fields(name: str) -> tuple[str, ...]:
         if any(getattr(t, "id", None) == "FIELDS" for t in targets):
             return tuple(ast.literal_eval(value))
     raise AssertionError(f"bench/{name}.py documents no FIELDS")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 SAID: dict[str, str] = {}  # each benchmark's last output
@@ -258,7 +252,7 @@ def test_the_grpo_benchmark_runs_on_a_tiny_model(tiny_model: Path) -> None:
 def test_the_demo_benchmark_runs_the_loop_on_a_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
     ports = {"ORL_GATEWAY__PORT", "ORL_INFERENCE__PORT", "ORL_FEEDBACK_API__PORT", "ORL_LAUNCH__MLFLOW_PORT",
              "ORL_LAUNCH__TRAINER_METRICS_PORT"}
-    env = {port: str(_free_port()) for port in ports} | {
+    env = {port: str(free_port()) for port in ports} | {
         "ORL_CACHE_DIR": str(tmp_path / "cache"), "ORL_MODEL__PATH": str(tiny_model),
         "ORL_MODEL__NAME": TINY_NAME, "ORL_LAUNCH__BUS": "embedded", "ORL_INFERENCE__ENGINE": "transformers",
         "ORL_LAUNCH__RUN_DIR": str(tmp_path / "run")}

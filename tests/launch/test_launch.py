@@ -29,32 +29,27 @@ from online_rl.launch import (
     up,
     watchdog_alive,
 )
+from online_rl.ports import free_port
 from tests.conftest import TINY_NAME, SecuredBroker
 from tests.deploy.monitoring import exposed_series, queried_metrics
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(root: Path, model: Path, kafka: dict[str, str] | None) -> tuple[Settings, Path]:
     data = {
         "cache_dir": str(root / "cache"),
         "model": {"name": TINY_NAME, "path": str(model)},
-        "bus": {"partitions": 2, "topic_prefix": f"l{os.getpid()}{_free_port()}"},
+        "bus": {"partitions": 2, "topic_prefix": f"l{os.getpid()}{free_port()}"},
         "join": {"window_s": 3},
         "mlflow": {"registered_model": "policy"},
-        "inference": {"engine": "transformers", "max_model_len": 512, "port": _free_port()},
-        "feedback_api": {"port": _free_port()},
+        "inference": {"engine": "transformers", "max_model_len": 512, "port": free_port()},
+        "feedback_api": {"port": free_port()},
         "trainer": {"batch_size": 8, "batch_timeout_s": 2, "publish_every_samples": 8,
-                    "learning_rate": 1e-3, "group_id": f"launch-{_free_port()}"},
-        "gateway": {"port": _free_port(), "holdout": 0.2,  # 5 of the demo's 20 users: the base model
+                    "learning_rate": 1e-3, "group_id": f"launch-{free_port()}"},
+        "gateway": {"port": free_port(), "holdout": 0.2,  # 5 of the demo's 20 users: the base model
                     "rollout": {"interval_s": 1, "steps": [0.5, 1.0], "min_samples": 5}},
         "ray": {"num_cpus": 2},
-        "launch": {"run_dir": str(root / "run"), "mlflow_port": _free_port(),
-                   "trainer_metrics_port": _free_port(), "joiner_metrics_port": _free_port(),
+        "launch": {"run_dir": str(root / "run"), "mlflow_port": free_port(),
+                   "trainer_metrics_port": free_port(), "joiner_metrics_port": free_port(),
                    "ready_timeout_s": 240, "bus": "embedded",
                    "max_restarts": 1, "restart_backoff_s": 0.5},
     }

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from online_rl.config import Settings
 from online_rl.errors import ConfigError
 from online_rl.launch import plan
 from online_rl.launch.mlflow_auth import make_registry_auth
+from online_rl.ports import free_port
 from online_rl.registry import (
     Credentials,
     RegistryAccessError,
@@ -54,16 +54,10 @@ class Registry:
             os.environ.update({k: v for k, v in saved.items() if v is not None})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     """MLflow as `up` runs it: the run's users made, the server started from the plan, the rights granted."""
-    root, port = tmp_path_factory.mktemp("registry"), _free_port()
+    root, port = tmp_path_factory.mktemp("registry"), free_port()
     settings = Settings.model_validate({
         "cache_dir": str(root / "cache"),
         "mlflow": {"registered_model": MODEL, "tracking_uri": f"http://127.0.0.1:{port}"},

@@ -18,6 +18,7 @@ import pytest
 from online_rl.bus import Topics, partition_for
 from online_rl.bus.kafka import KafkaBus
 from online_rl.events import TrainingSample, decode, encode
+from online_rl.ports import free_port
 from tests.factories import interaction, preference, thumbs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -26,21 +27,13 @@ PARTITIONS = 6
 WAVES, PER_WAVE, PAIRS_PER_WAVE = 8, 50, 10
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_three_joiners_one_killed_one_added_every_sample_once(kafka_bootstrap: str, tmp_path: Path) -> None:
     prefix = f"s{uuid.uuid4().hex[:8]}"
     topics = Topics(prefix=prefix)
     env = {**os.environ, "ORL_CACHE_DIR": str(tmp_path), "ORL_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
            "ORL_BUS__TOPIC_PREFIX": prefix, "ORL_BUS__PARTITIONS": str(PARTITIONS),
            "ORL_JOIN__WINDOW_S": "3", "ORL_JOIN__RETENTION_S": "600"}
-    metrics_port = _free_port()
+    metrics_port = free_port()
     logs: list[Path] = []
 
     def start(instance: str, *extra: str) -> subprocess.Popen[bytes]:

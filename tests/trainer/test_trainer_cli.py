@@ -17,8 +17,9 @@ import pytest
 from online_rl.bus import TopicPartition, ensure_topics
 from online_rl.bus.embedded import EmbeddedBus
 from online_rl.config import Settings
+from online_rl.ports import free_port
 from online_rl.trainer import CheckpointStore
-from tests.conftest import TINY_NAME, _free_port
+from tests.conftest import TINY_NAME
 from tests.trainer.test_trainer import _pair, send
 
 pytestmark = pytest.mark.slow
@@ -38,7 +39,7 @@ def test_sigterm_finishes_the_step_checkpoints_commits_and_exits(tiny_model: Pat
     rng = random.Random(3)
     send(producer, topics.samples, [_pair(i, rng) for i in range(8)])
 
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "online_rl.cli", "trainer", "--metrics-port", str(port)]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     store = CheckpointStore(settings.checkpoint_dir)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import uuid
@@ -21,6 +20,7 @@ from online_rl.bus import Bus, Topics
 from online_rl.config import BusConfig, FeedbackApiConfig, Settings
 from online_rl.events import Feedback, decode
 from online_rl.ingest import new_key
+from online_rl.ports import free_port
 from services.feedback.main import create_app
 
 
@@ -80,12 +80,6 @@ def api(make_api: Callable[..., Api]) -> Api:
 def thumbs_body(request_id: str = "req-1", up: bool = True, user: str = "u1", **extra: Any) -> dict[str, Any]:
     return {"event_id": uuid.uuid4().hex, "request_id": request_id, "user_id": user, "kind": "thumbs",
             "value": 1 if up else -1, **extra}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
