@@ -18,7 +18,9 @@ line is one JSON object: `base_reward`, `final_reward` (0-1: the share of thumbs
 the loop), `stopped_by` (goal or budget), rollbacks by verdict, restarts per component and the
 machine. `--smoke` checks that the benchmark runs: 30 s of traffic from 20 users
 with 8-token answers, the trainer's cadence as configured (not timed first), no promotion required,
-at most 20 s of waiting for the gateway to act on the newest version.
+at most 20 s of waiting for the gateway to act on the newest version. CI does not run it: the `up`
+test (tests/launch/test_launch.py) runs the same loop and the same demo and checks every field of
+`demo_figures` on its report (one start of the whole loop instead of two).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -75,21 +78,27 @@ def main() -> None:
         report = run_demo(settings, args.out, options)
     finally:
         down(settings)
+    print(f"base model {report['base_reward']} -> after the last promotion {report['final_reward']}; "
+          f"promoted {report['promoted_versions']}; freshness {report['freshness_s']} s; ability "
+          f"{report['ability']['final']}/8 (base {report['ability']['base']}); report in {args.out}")
+    emit(demo_figures(report, up_s), (report["machine"] or {}).get("precision"))
+
+
+def demo_figures(report: dict[str, Any], up_s: float) -> dict[str, Any]:
+    """The benchmark's figures (FIELDS, less the machine line that `emit` adds) from the demo's report.
+    The `up` test (tests/launch/test_launch.py) checks them on the loop it runs, the same loop as
+    this benchmark's (its smoke run was folded into that test: both started the whole loop)."""
     base, final = report["base_reward"], report["final_reward"]
-    print(f"base model {base} -> after the last promotion {final}; promoted {report['promoted_versions']}; "
-          f"freshness {report['freshness_s']} s; ability {report['ability']['final']}/8 (base "
-          f"{report['ability']['base']}); report in {args.out}")
-    emit({"base_reward": base, "final_reward": final, "base_interval": report["base_interval"],
-          "final_interval": report["final_interval"], "base_feedback": report["base_feedback"],
-          "base_source": report["base_source"],
-          "reward_ratio": round(final / base, 3) if base and final is not None else None,
-          "reward_gain": report["reward_gain"], "promoted_versions": report["promoted_versions"],
-          "freshness_s": report["freshness_s"], "ability_base": report["ability"]["base"],
-          "ability_final": report["ability"]["final"], "duration_s": report["meta"]["duration_s"],
-          "up_s": round(up_s, 1), "stopped_by": report["stopped_by"],
-          "final_answers": report["final_answers"], "rollbacks": report["rollbacks"],
-          "restarts": report["restarts"]},
-         (report["machine"] or {}).get("precision"))
+    return {"base_reward": base, "final_reward": final, "base_interval": report["base_interval"],
+            "final_interval": report["final_interval"], "base_feedback": report["base_feedback"],
+            "base_source": report["base_source"],
+            "reward_ratio": round(final / base, 3) if base and final is not None else None,
+            "reward_gain": report["reward_gain"], "promoted_versions": report["promoted_versions"],
+            "freshness_s": report["freshness_s"], "ability_base": report["ability"]["base"],
+            "ability_final": report["ability"]["final"], "duration_s": report["meta"]["duration_s"],
+            "up_s": round(up_s, 1), "stopped_by": report["stopped_by"],
+            "final_answers": report["final_answers"], "rollbacks": report["rollbacks"],
+            "restarts": report["restarts"]}
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import pytest
 import yaml
 
 from bench.common import missing_fields
-from online_rl.ports import free_port
 from tests.conftest import TINY_NAME
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -247,15 +246,3 @@ def test_the_learning_benchmark_runs_on_a_tiny_model(kafka_bootstrap: str, tiny_
 def test_the_grpo_benchmark_runs_on_a_tiny_model(tiny_model: Path) -> None:
     result = _run("grpo", [], {"ORL_MODEL__PATH": str(tiny_model), "ORL_MODEL__NAME": TINY_NAME})
     assert result["smoke"] and result["steps"] == 2 and 0 <= result["reward_control"] <= 1
-
-
-def test_the_demo_benchmark_runs_the_loop_on_a_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
-    ports = {"ORL_GATEWAY__PORT", "ORL_INFERENCE__PORT", "ORL_FEEDBACK_API__PORT", "ORL_LAUNCH__MLFLOW_PORT",
-             "ORL_LAUNCH__TRAINER_METRICS_PORT"}
-    env = {port: str(free_port()) for port in ports} | {
-        "ORL_CACHE_DIR": str(tmp_path / "cache"), "ORL_MODEL__PATH": str(tiny_model),
-        "ORL_MODEL__NAME": TINY_NAME, "ORL_LAUNCH__BUS": "embedded", "ORL_INFERENCE__ENGINE": "transformers",
-        "ORL_LAUNCH__RUN_DIR": str(tmp_path / "run")}
-    result = _run("demo", ["--out", str(tmp_path / "report")], env)
-    assert result["stopped_by"] in ("goal", "budget") and result["base_source"] != ""
-    assert (tmp_path / "report" / "report.md").is_file()

@@ -17,6 +17,9 @@ import openai
 import pytest
 import yaml
 
+from bench.common import missing_fields
+from bench.demo import FIELDS as DEMO_FIELDS
+from bench.demo import demo_figures
 from online_rl.config import Settings, load_settings
 from online_rl.launch import (
     ComponentStatus,
@@ -91,7 +94,9 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
     settings, config = _config(tmp_path, tiny_model, secured_broker.kafka_settings())
     stopper.append(settings)
     lines: list[str] = []
+    began = time.monotonic()
     up(settings, config, echo=lines.append)
+    up_s = time.monotonic() - began
     wiring, components = status(settings)
     assert wiring is not None and wiring["bus"] == "kafka" and wiring["bootstrap"] == secured_broker.bootstrap
     assert [c.name for c in components] == ["mlflow", "inference", "feedback", "joiner", "trainer", "gateway"]
@@ -145,6 +150,10 @@ def test_up_runs_the_loop_the_demo_reports_on_it_and_down_stops_it(
     progress = [line for line in said if line.startswith("[") and " answers · reward (last 200) " in line]
     assert len(progress) >= 3 and all("trainer step" in line for line in progress), said
     assert saved["stopped_by"] in ("goal", "budget") and saved["final_answers"] >= 0
+    # the demo benchmark's figures (bench/demo.py runs this loop and this demo; CI checks its line here)
+    figures = demo_figures(report, up_s)
+    assert missing_fields(figures, [f for f in DEMO_FIELDS if f != "machine"]) == [], figures
+    assert figures["up_s"] > 0 and figures["duration_s"] > 0 and json.dumps(figures)
     assert saved["machine"]["precision"] in ("fp32", "bf16") and saved["machine"]["isa"]
     assert saved["restarts"] == dict.fromkeys(
         ["mlflow", "inference", "feedback", "joiner", "trainer", "gateway"], 0) and saved["exited"] == []
