@@ -37,14 +37,35 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit, missing_fields
+from online_rl.simulate.facts import facts_kept
 
 FIELDS: tuple[str, ...] = (
     "steps", "prompts", "group", "learning_rate", "reward_base", "reward_trained", "reward_control",
     "gain_over_control", "gain_over_base", "tokens_trained", "tokens_control", "tokens_base",
     "ability_base", "ability_trained", "ability_control", "seconds_trained", "seconds_control",
-    "zero_variance_fraction", "smoke",
+    "zero_variance_fraction", "facts_base", "facts_kept_trained", "facts_kept_control", "preference", "smoke",
 )
 FUNCTION = {"name": "brief_on_topic", "target": "bench.grpo_rewards:brief_on_topic", "weight": 1.0}
+
+
+def _function(preference: str | None) -> dict[str, Any]:
+    """The reward: `brief_on_topic`, or a suite taste's own score (`bench.grpo_rewards:taste_<name>`)."""
+    if preference is None:
+        return FUNCTION
+    target = f"bench.grpo_rewards:taste_{preference.replace('-', '_')}"
+    return {"name": "taste", "target": target, "weight": 1.0}
+
+
+def _prompts(preference: str | None) -> tuple[list[str], list[str]]:
+    """(training, held-out) prompts: the first 12 of PROMPTS and the next 12, or a suite taste's split."""
+    if preference is None:
+        from online_rl.simulate import PROMPTS
+
+        return list(PROMPTS[:12]), list(PROMPTS[12:24])
+    from online_rl.simulate.suite import suite_entry
+
+    entry = suite_entry(preference)
+    return entry.prompts("train"), entry.prompts("eval")
 
 
 def _settings(args: argparse.Namespace, work: Path, learning_rate: float) -> Any:
@@ -58,41 +79,60 @@ def _settings(args: argparse.Namespace, work: Path, learning_rate: float) -> Any
             "ppo_epochs": args.ppo_epochs,
             "temperature": 1.0, "precision": "fp32",
             "critic_free": {"estimator": "grpo", "group_size": args.group, "beta": args.beta}}),
-        "rewards": base.rewards.model_validate({"functions": [FUNCTION], "weights": {}}),
+        "rewards": base.rewards.model_validate({"functions": [_function(args.preference)], "weights": {}}),
     })
 
 
-def _ability(model_dir: Path, adapter: Path | None) -> int:
-    """The demo's general-ability check: 8 factual questions, greedy, 48 tokens."""
+def _greedy(model_dir: Path, adapter: Path | None, questions: list[str],
+            max_new_tokens: int = 48) -> list[str]:
+    """Greedy answers (float32, transformers, batched with left padding)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from online_rl.demo.report import ABILITY_PROMPTS, correct
-
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if adapter is not None:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter))
-    right = 0
-    for question, accepted in ABILITY_PROMPTS:
-        ids: Any = tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                                 add_generation_prompt=True, return_tensors="pt",
-                                                 return_dict=True)
+    model.eval()
+    answers: list[str] = []
+    for start in range(0, len(questions), 32):
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                               tokenize=False) for q in questions[start:start + 32]]
+        ids = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
-            out = model.generate(**ids, max_new_tokens=48, do_sample=False,
-                                 pad_token_id=tokenizer.eos_token_id)
-        answer = str(tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
-        right += correct(answer, accepted)
-    return right
+            out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+        answers += [str(tokenizer.decode(row[ids["input_ids"].shape[1]:], skip_special_tokens=True))
+                    for row in out]
+    return answers
+
+
+def _ability(model_dir: Path, adapter: Path | None) -> int:
+    """The demo's general-ability check: 8 factual questions, greedy, 48 tokens."""
+    from online_rl.demo.report import ABILITY_PROMPTS, correct
+
+    answers = _greedy(model_dir, adapter, [q for q, _ in ABILITY_PROMPTS])
+    return sum(correct(a, accepted) for a, (_, accepted) in zip(answers, ABILITY_PROMPTS, strict=True))
+
+
+def _facts(model_dir: Path, adapter: Path | None, count: int | None) -> list[bool]:
+    """Which facts of the fact check (online_rl/simulate/facts.py) the model answers, greedy."""
+    from online_rl.simulate.facts import FACT_CHECK
+    from online_rl.trainer.gate import probe_correct
+
+    asked = FACT_CHECK[:count]
+    return probe_correct(asked, _greedy(model_dir, adapter, [f.prompt for f in asked]))
 
 
 def _run(args: argparse.Namespace, work: Path, learning_rate: float) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from online_rl.hybrid.loop import ColocatedPPO
-    from online_rl.simulate import PROMPTS
 
     settings = _settings(args, work, learning_rate)
     tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
@@ -103,8 +143,7 @@ def _run(args: argparse.Namespace, work: Path, learning_rate: float) -> dict[str
                                                       return_dict=True)
         return list(rendered["input_ids"])
 
-    questions = list(PROMPTS)
-    train, held = questions[:12], questions[12:24]
+    train, held = _prompts(args.preference)
     start = time.perf_counter()
     loop = ColocatedPPO(settings)
     try:
@@ -136,6 +175,9 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.0,
                         help="GRPO's in-loss k3 KL to the base (0: none; 0.04 is TRL's older default)")
     parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--preference", default=None,
+                        help="a suite taste (online_rl/simulate/suite.py) as the reward, on its own prompts "
+                             "(default: brief_on_topic on the first 24 of PROMPTS)")
     parser.add_argument("--smoke", action="store_true",
                         help="2 steps, 2 prompts, 16 tokens: checks the fields")
     args = parser.parse_args()
@@ -150,7 +192,11 @@ def main() -> None:
         model_dir = trained["model_dir"]
         ability = {"base": _ability(model_dir, None), "trained": _ability(model_dir, trained["adapter"]),
                    "control": _ability(model_dir, control["adapter"])}
-    fn = f"fn_{FUNCTION['name']}"
+        count = 8 if args.smoke else None
+        facts = {"base": _facts(model_dir, None, count),
+                 "trained": _facts(model_dir, trained["adapter"], count),
+                 "control": _facts(model_dir, control["adapter"], count)}
+    fn = f"fn_{_function(args.preference)['name']}"
     result = {
         "steps": args.steps, "prompts": args.prompts, "group": args.group,
         "learning_rate": args.learning_rate, "beta": args.beta,
@@ -166,6 +212,9 @@ def main() -> None:
         "ability_control": ability["control"],
         "seconds_trained": round(trained["seconds"], 1), "seconds_control": round(control["seconds"], 1),
         "zero_variance_fraction": round(trained["zero_variance_fraction"], 3), "smoke": args.smoke,
+        "preference": args.preference, "facts_base": f"{sum(facts['base'])}/{len(facts['base'])}",
+        "facts_kept_trained": facts_kept(facts["base"], facts["trained"]),
+        "facts_kept_control": facts_kept(facts["base"], facts["control"]),
     }
     if missing := missing_fields(result, FIELDS):
         raise SystemExit(f"the result lacks {missing}")

@@ -4,6 +4,11 @@
 "What is the capital of France?", "capital"); an answer scores 1 when it holds that word in at most 8
 words, falling linearly to 0 at 40 words, and 0 without the word however short it is. The base model
 answers at length, so most of its answers score low: the gap is what GRPO has to close.
+
+`taste_<name>` (`bench.grpo_rewards:taste_enthusiastic`, `taste_by_topic`, ...) is a preference of the
+suite (online_rl/simulate/suite.py) as a reward: its own noise-free score of the answer. With it
+(`bench/grpo.py --preference NAME`) GRPO learns the taste from the ideal signal, an upper bound for what
+the feedback loop learns of it from users' thumbs (docs/learning.md).
 """
 
 from __future__ import annotations
@@ -25,3 +30,25 @@ def brief_on_topic(prompt: str, completion: str, meta: dict[str, Any]) -> float:
     if not key or key not in completion.lower():
         return 0.0
     return max(0.0, min(1.0, (LONG - len(words)) / (LONG - SHORT)))
+
+
+def _taste(name: str) -> Any:
+    from online_rl.simulate.suite import suite_entry
+
+    preference = suite_entry(name).preference
+
+    def score(prompt: str, completion: str, meta: dict[str, Any]) -> float:
+        return float(preference.score(prompt, completion))
+
+    score.__name__ = f"taste_{name.replace('-', '_')}"
+    return score
+
+
+# one per preference of the suite (online_rl/simulate/suite.py): `bench.grpo_rewards:taste_by_topic`, ...
+def __getattr__(name: str) -> Any:
+    if name.startswith("taste_"):
+        try:
+            return _taste(name[len("taste_"):].replace("_", "-"))
+        except ValueError as error:  # no such taste: what getattr's callers expect
+            raise AttributeError(str(error)) from None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

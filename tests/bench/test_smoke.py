@@ -244,5 +244,7 @@ def test_the_learning_benchmark_runs_on_a_tiny_model(kafka_bootstrap: str, tiny_
 
 
 def test_the_grpo_benchmark_runs_on_a_tiny_model(tiny_model: Path) -> None:
-    result = _run("grpo", [], {"ORL_MODEL__PATH": str(tiny_model), "ORL_MODEL__NAME": TINY_NAME})
+    result = _run("grpo", ["--preference", "enthusiastic"],
+                  {"ORL_MODEL__PATH": str(tiny_model), "ORL_MODEL__NAME": TINY_NAME})
     assert result["smoke"] and result["steps"] == 2 and 0 <= result["reward_control"] <= 1
+    assert result["preference"] == "enthusiastic" and result["facts_base"].endswith("/8")
