@@ -52,3 +52,16 @@ def __getattr__(name: str) -> Any:
         except ValueError as error:  # no such taste: what getattr's callers expect
             raise AttributeError(str(error)) from None
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def probe_facts(prompt: str, completion: str, meta: dict[str, Any]) -> float:
+    """A verifier on the trainer's ability probe (`online_rl.trainer.gate.ABILITY_PROBE`, 16 facts, none of
+    the fact check's or the ability check's): 1 when the answer to a probe prompt holds an accepted word,
+    else 0; 0 for every other prompt, which within a group of answers to one prompt changes nothing.
+    Trained beside a taste (`bench/ideal.py --rehearse W`), it rehearses answering facts rightly."""
+    from online_rl.trainer.gate import ABILITY_PROBE
+
+    accept = next((item.accept for item in ABILITY_PROBE if item.prompt == prompt), None)
+    if accept is None:
+        return 0.0
+    return 1.0 if any(word in completion.lower() for word in accept) else 0.0

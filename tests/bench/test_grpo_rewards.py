@@ -25,3 +25,12 @@ def test_an_unknown_taste_is_a_missing_attribute_naming_the_suite() -> None:
         rewards.taste_nonsense  # noqa: B018
     with pytest.raises(AttributeError, match="no attribute"):
         rewards.not_a_taste  # noqa: B018
+
+
+def test_the_probe_verifier_scores_probe_answers_by_their_accepted_words_and_nothing_else() -> None:
+    from online_rl.trainer.gate import ABILITY_PROBE
+
+    item = ABILITY_PROBE[0]  # the capital of Kenya
+    assert rewards.probe_facts(item.prompt, f"It is {item.accept[0].title()}!", {}) == 1.0
+    assert rewards.probe_facts(item.prompt, "A city of wonders!", {}) == 0.0
+    assert rewards.probe_facts("Who wrote Hamlet?", "Shakespeare", {}) == 0.0  # not a probe prompt

@@ -248,3 +248,12 @@ def test_the_grpo_benchmark_runs_on_a_tiny_model(tiny_model: Path) -> None:
                   {"ORL_MODEL__PATH": str(tiny_model), "ORL_MODEL__NAME": TINY_NAME})
     assert result["smoke"] and result["steps"] == 2 and 0 <= result["reward_control"] <= 1
     assert result["preference"] == "enthusiastic" and result["facts_base"].endswith("/8")
+
+
+def test_the_ideal_signal_benchmark_runs_on_a_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
+    result = _run("ideal", ["--rehearse", "1"],
+                  {"ORL_MODEL__PATH": str(tiny_model), "ORL_MODEL__NAME": TINY_NAME,
+                   "ORL_CACHE_DIR": str(tmp_path / "cache")})
+    assert result["smoke"] and result["preference"] == "enthusiastic" and result["rehearse"] == 1
+    assert [row["step"] for row in result["checkpoints"]] == [1, 2], result  # --save 1 and the last
+    assert result["facts_base"].endswith("/8") and 0 <= result["final"] <= 1
