@@ -59,9 +59,7 @@ def probe_facts(prompt: str, completion: str, meta: dict[str, Any]) -> float:
     the fact check's or the ability check's): 1 when the answer to a probe prompt holds an accepted word,
     else 0; 0 for every other prompt, which within a group of answers to one prompt changes nothing.
     Trained beside a taste (`bench/ideal.py --rehearse W`), it rehearses answering facts rightly."""
-    from online_rl.trainer.gate import ABILITY_PROBE
+    from online_rl.trainer.gate import ABILITY_PROBE, probe_correct
 
-    accept = next((item.accept for item in ABILITY_PROBE if item.prompt == prompt), None)
-    if accept is None:
-        return 0.0
-    return 1.0 if any(word in completion.lower() for word in accept) else 0.0
+    item = next((item for item in ABILITY_PROBE if item.prompt == prompt), None)
+    return 0.0 if item is None else float(probe_correct([item], [completion])[0])
