@@ -1,7 +1,7 @@
 """GRPO on the rollout flow with a reward function written as code, against an lr = 0 control.
 
     deploy/local/env.sh .venv/bin/python bench/grpo.py [--steps 24] [--prompts 4] [--group 4] \
-        [--learning-rate 1e-3] [--ppo-epochs 2] [--beta 0] [--smoke]
+        [--learning-rate 1e-3] [--ppo-epochs 2] [--beta 0] [--preference NAME] [--smoke]
 
 The rollout flow (`online_rl.hybrid.loop.ColocatedPPO` with `hybrid.critic_free: {estimator: grpo}`, no
 critic) trains the embedded model (SmolLM2-135M-Instruct) for `--steps` iterations: each samples
@@ -9,7 +9,9 @@ critic) trains the embedded model (SmolLM2-135M-Instruct) for `--steps` iteratio
 scores them with `bench.grpo_rewards:brief_on_topic` (1 for at most 8 words that still contain the
 prompt's key word, less up to 40 words; run out of process by `online_rl.flow.RewardFunctions`, the
 learned reward model weighted 0) and takes GRPO's clipped step on the group-normalised advantages
-(with `--beta`, plus GRPO's in-loss k3 KL to the base, weighed by the ratio).
+(with `--beta`, plus GRPO's in-loss k3 KL to the base, weighed by the ratio). With `--preference
+NAME` the reward is a suite taste's own score (`bench.grpo_rewards:taste_<name>`) and the prompts
+are that taste's training and held-out ones (online_rl/simulate/suite.py).
 The control run is the same command with `learning_rate: 0`: the same seeds, prompts and sampling, no
 learning. The baseline of the comparison is that control (the issue's bar), not another framework.
 
@@ -19,7 +21,9 @@ answers and on the control's (`reward_trained`, `reward_control`, `gain_over_con
 difference; `reward_base` is the base model's, from the same evaluation); the answers' mean length in
 tokens; and the general-ability check of the demo (`online_rl.demo.report.ABILITY_PROMPTS`: 8 factual
 questions answered greedily, correct when the answer holds the right word) for the base, the trained
-and the control adapters (`ability_*`, out of 8). The sides run one after the other (control first)
+and the control adapters (`ability_*`, out of 8), and the fact check (`online_rl.simulate.facts`, 190
+facts, greedy: `facts_base`, and the share of those each adapter still answers, `facts_kept_trained`,
+`facts_kept_control`). The sides run one after the other (control first)
 in one process; both are timed (`seconds_trained`, `seconds_control`). The last line is one JSON
 object with every name of `FIELDS` and the machine.
 """
@@ -112,21 +116,17 @@ def _greedy(model_dir: Path, adapter: Path | None, questions: list[str],
     return answers
 
 
-def _ability(model_dir: Path, adapter: Path | None) -> int:
-    """The demo's general-ability check: 8 factual questions, greedy, 48 tokens."""
+def _checks(model_dir: Path, adapter: Path | None, facts: int | None) -> tuple[int, list[bool]]:
+    """The demo's general-ability check (8 factual questions) and which facts of the fact check
+    (online_rl/simulate/facts.py; `facts`: the first this many) the model answers, greedy, one load."""
     from online_rl.demo.report import ABILITY_PROMPTS, correct
-
-    answers = _greedy(model_dir, adapter, [q for q, _ in ABILITY_PROMPTS])
-    return sum(correct(a, accepted) for a, (_, accepted) in zip(answers, ABILITY_PROMPTS, strict=True))
-
-
-def _facts(model_dir: Path, adapter: Path | None, count: int | None) -> list[bool]:
-    """Which facts of the fact check (online_rl/simulate/facts.py) the model answers, greedy."""
     from online_rl.simulate.facts import FACT_CHECK
     from online_rl.trainer.gate import probe_correct
 
-    asked = FACT_CHECK[:count]
-    return probe_correct(asked, _greedy(model_dir, adapter, [f.prompt for f in asked]))
+    asked = FACT_CHECK[:facts]
+    answers = _greedy(model_dir, adapter, [q for q, _ in ABILITY_PROMPTS] + [f.prompt for f in asked])
+    ability = sum(correct(a, accepted) for a, (_, accepted) in zip(answers, ABILITY_PROMPTS, strict=False))
+    return ability, probe_correct(asked, answers[len(ABILITY_PROMPTS):])
 
 
 def _run(args: argparse.Namespace, work: Path, learning_rate: float) -> dict[str, Any]:
@@ -190,12 +190,11 @@ def main() -> None:
         control = _run(args, work, 0.0)
         trained = _run(args, work, args.learning_rate)
         model_dir = trained["model_dir"]
-        ability = {"base": _ability(model_dir, None), "trained": _ability(model_dir, trained["adapter"]),
-                   "control": _ability(model_dir, control["adapter"])}
         count = 8 if args.smoke else None
-        facts = {"base": _facts(model_dir, None, count),
-                 "trained": _facts(model_dir, trained["adapter"], count),
-                 "control": _facts(model_dir, control["adapter"], count)}
+        checks = {side: _checks(model_dir, adapter, count) for side, adapter in
+                  (("base", None), ("trained", trained["adapter"]), ("control", control["adapter"]))}
+        ability = {side: right for side, (right, _) in checks.items()}
+        facts = {side: answered for side, (_, answered) in checks.items()}
     fn = f"fn_{_function(args.preference)['name']}"
     result = {
         "steps": args.steps, "prompts": args.prompts, "group": args.group,
