@@ -107,15 +107,22 @@ def main() -> None:
     if args.smoke:
         args.steps, args.prompts, args.group, args.max_new_tokens, args.eval_samples = 2, 2, 2, 16, 1
         args.save = "1"
+    from online_rl.simulate.suite import suite_entry
+
+    try:  # bad input is refused before Ray and the model start
+        entry = suite_entry(args.preference)
+        saved = [int(s) for s in args.save.split(",") if s.strip()]
+    except ValueError as error:
+        parser.error(f"--preference/--save: {error}")
+    if any(not 1 <= s <= args.steps for s in saved):
+        parser.error(f"--save {args.save}: steps lie in 1..--steps ({args.steps}), e.g. --save 16,20")
     logging.basicConfig(level=logging.WARNING)
 
     from bench.learning import bench_settings
     from online_rl.simulate.facts import facts_kept
     from online_rl.simulate.learning import Lab
-    from online_rl.simulate.suite import suite_entry
     from online_rl.trainer.gate import ABILITY_PROBE
 
-    entry = suite_entry(args.preference)
     train = entry.prompts("train") + ([item.prompt for item in ABILITY_PROBE] if args.rehearse else [])
     facts = 8 if args.smoke else None
     with tempfile.TemporaryDirectory(prefix="orl-bench-ideal-") as tmp:
