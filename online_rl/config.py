@@ -694,7 +694,8 @@ class HybridConfig(BaseModel):
     max_new_tokens: int = Field(default=32, ge=1, le=4096, description="Longest completion sampled.")
     temperature: float = Field(default=1.0, gt=0, le=5, description="Sampling temperature of the rollouts.")
     prompt_window: int = Field(default=512, ge=1, description="The newest this many prompts are drawn from.")
-    min_pairs: int = Field(default=8, ge=0, description="Preference pairs seen before PPO starts.")
+    min_pairs: int = Field(default=8, ge=0,
+                           description="Preference pairs or thumbs (one each) seen before PPO starts.")
     learning_rate: float = Field(default=1e-4, ge=0, le=1.0,
                                  description="The policy's AdamW rate (0: a control that learns nothing).")
     ppo_epochs: int = Field(default=2, ge=1, le=16, description="Optimizer steps over each batch.")

@@ -52,7 +52,7 @@ from online_rl.algos.ppo import (
     value_loss,
     whiten_advantages,
 )
-from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_loss
+from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_loss, thumbs_loss
 
 __all__ = [
     "AdaptiveKLController",
@@ -99,6 +99,7 @@ __all__ = [
     "reference_policy",
     "reinforce_pp_advantages",
     "rloo_advantages",
+    "thumbs_loss",
     "token_rewards",
     "value_loss",
     "whiten_advantages",

@@ -31,7 +31,7 @@ from online_rl.algos.logprobs import (
     reference_policy,
 )
 from online_rl.algos.ppo import PolicyLoss
-from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_loss
+from online_rl.algos.reward_model import PairLoss, RewardModel, bradley_terry_loss, thumbs_loss
 from online_rl.hardware import Precision
 
 __all__ = [
@@ -183,6 +183,16 @@ def reward_batch_loss(reward_model: RewardModel, pairs: Sequence[tuple[TokenIds,
     with autocast(precision, _device(reward_model)):
         chosen, rejected = reward_model.pair_rewards(batch)
     return bradley_terry_loss(chosen.float(), rejected.float(), config)
+
+
+def reward_thumbs_loss(reward_model: RewardModel, thumbs: Sequence[tuple[TokenIds, TokenIds, bool]],
+                       precision: Precision = "fp32") -> PairLoss:
+    """The logistic loss of (prompt, completion, thumbs-up) token ids on the reward model's scores."""
+    batch = pack([Sample(prompt, (completion,)) for prompt, completion, _ in thumbs])
+    with autocast(precision, _device(reward_model)):
+        rewards = reward_model(batch)
+    up = torch.tensor([bool(u) for _, _, u in thumbs], device=rewards.device)
+    return thumbs_loss(rewards.float(), up)
 
 
 def _device(model: Any) -> str:

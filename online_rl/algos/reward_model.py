@@ -17,7 +17,7 @@ from torch import nn
 from online_rl.algos.config import RewardModelConfig
 from online_rl.algos.logprobs import PackedBatch, hidden_states
 
-__all__ = ["PairLoss", "RewardModel", "bradley_terry_loss"]
+__all__ = ["PairLoss", "RewardModel", "bradley_terry_loss", "thumbs_loss"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,20 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, config: Rew
         loss = loss + config.center_coef * (chosen + rejected).square().mean()
     with torch.no_grad():
         accuracy = (chosen > rejected).float().mean()
+    return PairLoss(loss, accuracy)
+
+
+def thumbs_loss(rewards: torch.Tensor, up: torch.Tensor) -> PairLoss:
+    """Logistic loss of thumbs on their scalar rewards: -log sigmoid(r) for a thumbs-up, -log sigmoid(-r)
+    for a thumbs-down, the two kinds weighing half each when both are present (users who like a tenth of
+    what they see would otherwise teach "everything is bad"). `accuracy`: the share whose reward has the
+    thumb's sign."""
+    signs = up.to(rewards.dtype) * 2 - 1
+    losses = -F.logsigmoid(signs * rewards)
+    kinds = [losses[up], losses[~up]]
+    loss = torch.stack([k.mean() for k in kinds if k.numel()]).mean()
+    with torch.no_grad():
+        accuracy = ((signs * rewards) > 0).float().mean()
     return PairLoss(loss, accuracy)
 
 

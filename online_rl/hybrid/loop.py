@@ -44,6 +44,7 @@ __all__ = ["ColocatedPPO"]
 logger = logging.getLogger(__name__)
 
 Pair = tuple[list[int], list[int], list[int]]
+Thumb = tuple[list[int], list[int], bool]  # prompt, completion, thumbs-up
 
 
 class ColocatedPPO:
@@ -64,7 +65,9 @@ class ColocatedPPO:
             raise
         self.prompts: deque[tuple[int, ...]] = deque(maxlen=self.config.prompt_window)
         self.pending: list[Pair] = []
+        self.pending_thumbs: list[Thumb] = []
         self.pairs_seen = 0
+        self.thumbs_seen = 0
         self.steps = 0
         self.random = random.Random(settings.trainer.seed)
         self.sample_seed = settings.trainer.seed * 1_000_003  # each seed its own sampling (0: as before)
@@ -136,9 +139,10 @@ class ColocatedPPO:
 
     # -- what the stream brings ------------------------------------------------------------------
     def observe(self, prompts: Sequence[Sequence[int]] = (), pairs: Sequence[Pair] = (),
-                texts: Sequence[str] | None = None) -> None:
+                texts: Sequence[str] | None = None, thumbs: Sequence[Thumb] = ()) -> None:
         """Recent prompts (the newest `prompt_window` kept, repeats moved to the front), their texts
-        when known (what reward functions see) and new preference pairs for the reward model."""
+        when known (what reward functions see) and new preference pairs and thumbs (prompt, completion,
+        thumbs-up) for the reward model."""
         for i, prompt in enumerate(prompts):
             key = tuple(prompt)
             if key in self.prompts:
@@ -149,7 +153,9 @@ class ColocatedPPO:
             if texts is not None:
                 self.texts[key] = texts[i]
         self.pending.extend((list(p), list(c), list(r)) for p, c, r in pairs)
+        self.pending_thumbs.extend((list(p), list(c), bool(u)) for p, c, u in thumbs)
         self.pairs_seen += len(pairs)
+        self.thumbs_seen += len(thumbs)
 
     @property
     def uses_reward_model(self) -> bool:
@@ -158,18 +164,20 @@ class ColocatedPPO:
 
     @property
     def ready(self) -> bool:
-        """Prompts to sample from, and (when the rule uses the reward model) `min_pairs` pairs seen."""
+        """Prompts to sample from, and (when the rule uses the reward model) `min_pairs` pairs or thumbs
+        seen (a thumb counts as one)."""
         return len(self.prompts) > 0 and (not self.uses_reward_model
-                                          or self.pairs_seen >= self.config.min_pairs)
+                                          or self.pairs_seen + self.thumbs_seen >= self.config.min_pairs)
 
     # -- one iteration ---------------------------------------------------------------------------
     def learn_rewards(self) -> dict[str, float]:
         import ray
 
         pairs, self.pending = self.pending, []
+        thumbs, self.pending_thumbs = self.pending_thumbs, []
         if self.reward is None:
             return {}
-        return dict(ray.get(self.reward.learn.remote(pairs, self.config.reward_steps)))
+        return dict(ray.get(self.reward.learn.remote(pairs, self.config.reward_steps, thumbs)))
 
     def rollouts(self, prompts: Sequence[Sequence[int]], temperature: float | None = None,
                  seed: int | None = None) -> tuple[list[tuple[list[int], list[int]]], list[list[float]],

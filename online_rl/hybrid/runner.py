@@ -55,9 +55,10 @@ class HybridRun:
 
 
 def _observe(loop: ColocatedPPO, samples: list[TrainingSample], model: str, state: HybridRun) -> int:
-    """Feed the loop the samples' prompts (with the user's words, what reward functions read) and pairs
-    (those for `model`); the number of pairs."""
-    prompts, texts, pairs = [], [], []
+    """Feed the loop the samples' prompts (with the user's words, what reward functions read), pairs and
+    thumbs (a single answer with a desirable or undesirable label, not a default; those for `model`);
+    the number of pairs."""
+    prompts, texts, pairs, thumbs = [], [], [], []
     for sample in samples:
         if sample.model != model or not sample.prompt_token_ids:
             continue
@@ -69,7 +70,10 @@ def _observe(loop: ColocatedPPO, samples: list[TrainingSample], model: str, stat
             chosen, rejected = sample.chosen.token_ids, sample.rejected.token_ids
             if chosen and rejected and chosen != rejected:
                 pairs.append((sample.prompt_token_ids, chosen, rejected))
-    loop.observe(prompts, pairs, texts)
+        elif (sample.kind == "single" and sample.label is not None and not sample.defaulted
+              and sample.completion is not None and sample.completion.token_ids):
+            thumbs.append((sample.prompt_token_ids, sample.completion.token_ids, sample.label))
+    loop.observe(prompts, pairs, texts, thumbs)
     return len(pairs)
 
 

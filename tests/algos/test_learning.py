@@ -31,7 +31,13 @@ from online_rl.algos import (
     ppo_advantages,
     value_loss,
 )
-from online_rl.algos.batch import dpo_batch_loss, kto_batch_loss, reference_logprobs, reward_batch_loss
+from online_rl.algos.batch import (
+    dpo_batch_loss,
+    kto_batch_loss,
+    reference_logprobs,
+    reward_batch_loss,
+    reward_thumbs_loss,
+)
 from online_rl.algos.policy import LoraSpec, lora_policy, trainable_parameters
 
 PREFERRED, AVOIDED = 1000, 2000
@@ -203,6 +209,42 @@ def test_reward_model_learns_to_rank_preferences(tiny_model: Path) -> None:
         after = reward_batch_loss(reward_model, held_out, config)
     assert after.accuracy.item() >= 0.9 and after.loss.item() < before.loss.item() - 0.3, (before, after)
     _assert_only_the_adapter_changed(backbone, frozen, adapter)
+
+
+def _thumbs_run(tiny_model: Path, shuffled: bool) -> tuple[float, float]:
+    """A reward model taught by thumbs on answers ending in PREFERRED (up) or AVOIDED (down), a fifth of
+    them up and a tenth of the verdicts flipped, as users give them; with `shuffled` the verdicts are
+    dealt to other answers. Its accuracy and loss on held-out thumbs with the true verdicts."""
+    rng = random.Random(3)
+
+    def thumb(flip: float) -> tuple[list[int], list[int], bool]:
+        liked = rng.random() < 0.2
+        verdict = liked != (rng.random() < flip)
+        return _ids(rng, 2, 6), [*_ids(rng, 1, 3), PREFERRED if liked else AVOIDED], verdict
+
+    train, held_out = [thumb(0.1) for _ in range(96)], [thumb(0.0) for _ in range(48)]
+    if shuffled:
+        verdicts = [up for _, _, up in train]
+        rng.shuffle(verdicts)
+        train = [(p, c, up) for (p, c, _), up in zip(train, verdicts, strict=True)]
+    backbone = _policy(tiny_model)
+    reward_model = RewardModel(backbone)
+    optimizer = torch.optim.AdamW([p for p in reward_model.parameters() if p.requires_grad], lr=5e-3)
+    for step in range(36):
+        loss = reward_thumbs_loss(reward_model, train[(step % 12) * 8 :][:8]).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        after = reward_thumbs_loss(reward_model, held_out)
+    return after.accuracy.item(), after.loss.item()
+
+
+def test_reward_model_learns_from_noisy_unbalanced_thumbs_over_a_shuffled_control(tiny_model: Path) -> None:
+    accuracy, loss = _thumbs_run(tiny_model, shuffled=False)
+    control_accuracy, control_loss = _thumbs_run(tiny_model, shuffled=True)
+    assert accuracy >= 0.85 and accuracy > control_accuracy + 0.2, (accuracy, control_accuracy)
+    assert loss < control_loss, (loss, control_loss)
 
 
 def _small_vocab_llama(path: Path) -> Path:

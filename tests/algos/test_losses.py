@@ -19,6 +19,7 @@ from online_rl.algos import (
     kto_loss,
     kto_reference_point,
     mismatched_pairs,
+    thumbs_loss,
 )
 from online_rl.algos.policy import LoraSpec
 from online_rl.errors import ConfigError
@@ -90,6 +91,16 @@ def test_bradley_terry_by_hand() -> None:
     assert out.accuracy.item() == 0.5
     out = bradley_terry_loss(chosen, rejected, RewardModelConfig(margin=0.5, center_coef=0.1))
     assert out.loss.item() == pytest.approx((_softplus(-0.5) + _softplus(1.0)) / 2 + 0.1 * (1 + 0.25) / 2)
+
+
+def test_thumbs_loss_by_hand_each_kind_weighing_half() -> None:
+    rewards, up = torch.tensor([2.0, -1.0, 0.5]), torch.tensor([True, False, False])
+    out = thumbs_loss(rewards, up)
+    # the thumbs-up alone is half the loss, the two thumbs-down share the other half
+    assert out.loss.item() == pytest.approx((_softplus(-2.0) + (_softplus(-1.0) + _softplus(0.5)) / 2) / 2)
+    assert out.accuracy.item() == pytest.approx(2 / 3)  # the last thumbs-down scored above 0
+    only_downs = thumbs_loss(torch.tensor([-1.0, 0.5]), torch.tensor([False, False]))
+    assert only_downs.loss.item() == pytest.approx((_softplus(-1.0) + _softplus(0.5)) / 2)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from online_rl.errors import ConfigError
 from online_rl.flow import FlowError
 from tests.conftest import TINY_NAME
 from tests.registry.test_runs import assert_complete_lineage
-from tests.trainer.test_trainer import _pair, send
+from tests.trainer.test_trainer import AVOIDED, PREFERRED, _pair, _single, send
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -35,7 +35,8 @@ def _example() -> str:
 
 def _environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kafka: str, model: Path) -> Settings:
     """The settings the example reads (from the environment, as the CLI does): the tiny model, a small
-    rollout flow that publishes after its second step, fresh topics and MLflow store."""
+    rollout flow that publishes after its second step, fresh topics and MLflow store; on the samples
+    topic six pairs and four thumbs, which both teach the reward model."""
     for name, value in {"CACHE_DIR": tmp_path / "cache", "KAFKA__BOOTSTRAP_SERVERS": kafka,
                         "BUS__TOPIC_PREFIX": f"t{uuid.uuid4().hex[:8]}", "MODEL__NAME": TINY_NAME,
                         "MODEL__PATH": model, "HYBRID__ROLLOUT_BATCH": 4, "HYBRID__MAX_NEW_TOKENS": 8,
@@ -47,7 +48,9 @@ def _environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kafka: str, mo
     bus.create_topic(settings.topics.samples, 1)
     bus.create_topic(settings.topics.dlq, 1)
     rng = random.Random(0)
-    send(bus.producer(), settings.topics.samples, [_pair(i, rng) for i in range(6)])
+    thumbs = [_single(_pair(100 + i, rng), [PREFERRED if i % 2 else AVOIDED], float(i % 2), "thumbs")
+              for i in range(4)]
+    send(bus.producer(), settings.topics.samples, [_pair(i, rng) for i in range(6)] + thumbs)
     bus.close()
     return settings
 
@@ -95,6 +98,11 @@ def test_the_documented_flow_example_runs_as_written(
 
     folder = Path(client.download_artifacts(version.run_id, "hybrid", str(tmp_path / "dl")))
     assert_complete_lineage(read_lineage(next(folder.iterdir())), version.tags)
+    # the reward model learned from the pairs and from the thumbs
+    seen = {key: client.get_metric_history(version.run_id, f"hybrid_reward_{key}_seen")[-1].value
+            for key in ("pairs", "thumbs")}
+    assert seen == {"pairs": 6.0, "thumbs": 4.0}, seen
+    assert client.get_metric_history(version.run_id, "hybrid_reward_thumbs_accuracy")
 
 
 def test_a_flow_builder_named_in_the_settings_is_loaded_and_checked(
