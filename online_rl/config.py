@@ -586,6 +586,27 @@ class TrainerConfig(BaseModel):
     ability_max_tokens: int = Field(
         default=48, ge=1, le=1024, description="The ability gate's answers: at most this many tokens."
     )
+    rehearsal_prompts: int = Field(
+        default=0, ge=0, le=64,
+        description="Fact rehearsal against forgetting: at every step, the adapter being trained samples "
+        "rehearsal_samples answers to this many prompts of the rehearsal set, a verifier marks them by the "
+        "words a correct answer contains, and a correct answer preferred over a wrong one to the same "
+        "prompt joins the step as a DPO pair (a prompt answered all right or all wrong makes none): right "
+        "over wrong, in the adapter's own register, so it holds facts without holding the taste. Needs "
+        "trainer.algorithm auto or dpo. 0: off.",
+    )
+    rehearsal_samples: int = Field(
+        default=4, ge=2, le=32, description="Fact rehearsal: answers sampled per rehearsal prompt."
+    )
+    rehearsal_temperature: float = Field(
+        default=1.0, gt=0, le=2.0, description="Fact rehearsal: the sampling temperature of its answers."
+    )
+    rehearsal_set: Path | None = Field(
+        default=None,
+        description="Fact rehearsal's prompts: JSON lines of {\"prompt\": ..., \"accept\": [words a correct "
+        "answer contains]}, as trainer.ability_probe. Empty: the built-in 35 "
+        "(online_rl/trainer/rehearsal.py), none of them in the ability probe or the benchmarks' fact checks.",
+    )
     workers: int = Field(
         default=1, ge=1, le=256,
         description="Data-parallel policy workers (Ray actors); each trains a share of every batch and "
@@ -628,6 +649,10 @@ class TrainerConfig(BaseModel):
         if any(not 0 < keep < 1 for keep in shrink) or shrink != sorted(set(shrink), reverse=True):
             raise ValueError(f"trainer.ability_shrink={shrink} must be decreasing shares in (0, 1) of the "
                              "change to keep, e.g. [0.5, 0.25] (empty: step back at once)")
+        if self.rehearsal_prompts and self.algorithm not in ("auto", "dpo"):
+            raise ValueError(f"trainer.rehearsal_prompts={self.rehearsal_prompts} adds DPO pairs, and "
+                             f"trainer.algorithm={self.algorithm} trains none: set trainer.algorithm=auto, "
+                             "or rehearsal_prompts 0")
         if self.cold_start_loss == "kl" and self.algorithm == "ppo":
             raise ValueError("trainer.cold_start_loss=kl holds the DPO/KTO step to its anchors, and "
                              "trainer.algorithm=ppo takes none: use cold_start_loss=label, or algorithm auto")

@@ -68,6 +68,7 @@ from online_rl.trainer.flows import (
 from online_rl.trainer.gate import ABILITY_PROBE, GateVerdict, ProbeItem, judge, load_probe, probe_correct
 from online_rl.trainer.metrics import TrainerMetrics
 from online_rl.trainer.ppo import advantages_for
+from online_rl.trainer.rehearsal import REHEARSAL_SET, draw_prompts, rehearsal_pairs
 from online_rl.trainer.samples import (
     Routed,
     ThumbPairer,
@@ -278,6 +279,7 @@ class Trainer:
         if state.lr_scale != 1.0 and self.config.ability_gate:  # refusals before the restart lowered it
             self._group.set_learning_rate(self.config.learning_rate * state.lr_scale)
         self._start_gate(state)
+        self._start_rehearsal()
         return state
 
     # -- the ability gate (online_rl/trainer/gate.py) ------------------------------------------------
@@ -335,6 +337,54 @@ class Trainer:
         answers = self.group.answer_greedy(self._probe_ids, self.config.ability_max_tokens, pad, eos, base)
         return probe_correct(self.probe, [str(self._tokenizer.decode(a, skip_special_tokens=True))
                                           for a in answers])
+
+    # -- fact rehearsal (online_rl/trainer/rehearsal.py) --------------------------------------------
+    def _start_rehearsal(self) -> None:
+        """Load the rehearsal set and encode its prompts (trainer.rehearsal_prompts > 0)."""
+        self.rehearsal: tuple[ProbeItem, ...] = ()
+        if not self.config.rehearsal_prompts:
+            return
+        from transformers import AutoTokenizer
+
+        path = self.config.rehearsal_set
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"trainer.rehearsal_set={path} is not a file: give a JSON-lines set of "
+                              '{"prompt": ..., "accept": [...]}, or leave it empty for the built-in one')
+        try:
+            items = load_probe(path) if path is not None else REHEARSAL_SET
+        except ValueError as exc:
+            raise ConfigError(str(exc).replace("trainer.ability_probe", "trainer.rehearsal_set")) from exc
+        tokenizer = AutoTokenizer.from_pretrained(str(self.settings.model_dir))
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(f"trainer.rehearsal_prompts={self.config.rehearsal_prompts} asks the model "
+                              f"questions in its chat template, and the model at {self.settings.model_dir} "
+                              "has none: set trainer.rehearsal_prompts=0")
+        self.rehearsal = items
+        self._rehearsal_ids = [user_turn_ids(tokenizer, item.prompt) for item in items]
+        self._rehearsal_tokens = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                                  else tokenizer.eos_token_id, tokenizer.eos_token_id)
+        self._rehearsal_tokenizer = tokenizer
+        logger.info("fact rehearsal: %d prompts of %d each step, %d answers each", min(
+            self.config.rehearsal_prompts, len(items)), len(items), self.config.rehearsal_samples,
+            extra={"event": "rehearsal_on", "set": len(items), "prompts": self.config.rehearsal_prompts,
+                   "samples": self.config.rehearsal_samples})
+
+    def _rehearse(self, routed: Routed, step: int) -> dict[str, float]:
+        """Add step `step`'s rehearsal pairs to `routed` (sampled by the current adapter); their metrics."""
+        picked = draw_prompts(len(self.rehearsal), self.config.rehearsal_prompts, self.config.seed, step)
+        pad, eos = self._rehearsal_tokens
+        sampled = self.group.answer_sampled(
+            [self._rehearsal_ids[i] for i in picked], self.config.rehearsal_samples,
+            self.config.ability_max_tokens, pad, eos, self.config.rehearsal_temperature,
+            self.config.seed * 1_000_003 + step)
+        decode = self._rehearsal_tokenizer.decode
+        draw = rehearsal_pairs([self.rehearsal[i] for i in picked], [self._rehearsal_ids[i] for i in picked],
+                               [[(ids, str(decode(ids, skip_special_tokens=True))) for ids in group]
+                                for group in sampled])
+        routed.pairs.extend(draw.pairs)
+        routed.pair_ids.extend(f"rehearsal-{step}-{i}" for i in range(len(draw.pairs)))
+        routed.rehearsed += len(draw.pairs)
+        return draw.as_metrics()
 
     def _remember(self, routed: Routed, coef: float | None, weights: tuple[float, float] | None) -> None:
         """Keep the batch for the gate's retries (only when they are on: otherwise nothing is kept)."""
@@ -750,8 +800,11 @@ class Trainer:
         ups = sum(1 for _, _, up in routed.thumbs if up)
         weights = self._kto_weights(state.thumbs_up + ups, state.thumbs_down + len(routed.thumbs) - ups)
         coef = state.anchor_kl_coef if adaptive else None
+        rehearsal: dict[str, float] = {}
+        if self.rehearsal and (routed.pairs or routed.thumbs) and not routed.rehearsed:
+            rehearsal = self._rehearse(routed, state.step + 1)
         if routed.pairs or routed.thumbs:
-            metrics = self.group.train_step(routed, coef, weights)
+            metrics = self.group.train_step(routed, coef, weights) | rehearsal
         if routed.rollouts:
             self._replay = None
         if weights is not None and routed.thumbs:
@@ -778,15 +831,16 @@ class Trainer:
         state.thumbs_up += ups
         state.thumbs_down += len(routed.thumbs) - ups
         state.step += 1
-        state.samples += routed.trained
-        state.samples_since_publish += routed.trained
+        users = routed.trained - routed.rehearsed  # rehearsal pairs are not users' samples
+        state.samples += users
+        state.samples_since_publish += users
         state.behaviour_versions |= routed.behaviour_versions
         state.reward_mapping_versions |= routed.reward_mapping_versions
         for name, value in metrics.items():
             state.recent.setdefault(name, []).append(value)
         metrics |= {"samples": state.samples, "lag": self._lag(state)}
         self.metrics.steps.inc()
-        self.metrics.samples.inc(routed.trained)
+        self.metrics.samples.inc(users)
         self.metrics.lag.set(metrics["lag"])
         self.metrics.loss.set(metrics["loss"])
         self.metrics.step_seconds.observe(metrics["step_s"])

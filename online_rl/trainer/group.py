@@ -187,6 +187,14 @@ class WorkerGroup:
         return list(ray.get(self.workers[0].answer_greedy.remote(prompts, max_new_tokens, pad_id, eos_id,
                                                                  base)))
 
+    def answer_sampled(self, prompts: list[list[int]], samples: int, max_new_tokens: int, pad_id: int,
+                       eos_id: int, temperature: float, seed: int) -> list[list[list[int]]]:
+        """Rank 0's sampled answers, `samples` per prompt (fact rehearsal)."""
+        import ray
+
+        return list(ray.get(self.workers[0].answer_sampled.remote(prompts, samples, max_new_tokens, pad_id,
+                                                                  eos_id, temperature, seed)))
+
     def reset_adapter(self, files: dict[str, bytes] | None, learning_rate: float) -> None:
         """Every rank's adapter back to `files` (None: as the base), with a fresh optimizer."""
         import ray

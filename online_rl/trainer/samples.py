@@ -45,6 +45,7 @@ class Routed:
     rollouts: list[Rollout] = field(default_factory=list)
     rollout_ids: list[str] = field(default_factory=list)
     anchors: list[Anchor] = field(default_factory=list)  # cold-start texts for the KL term, not trained on
+    rehearsed: int = 0  # of `pairs`, the fact-rehearsal pairs added at the step (not users' samples)
     skipped: int = 0
     unusable: list[tuple[TrainingSample, str]] = field(default_factory=list)
     behaviour_versions: set[str] = field(default_factory=set)

@@ -259,26 +259,46 @@ class PolicyWorker:
         """Greedy answers (token ids, the end-of-sequence token dropped) to chat-templated `prompts`,
         by the current adapter or (`base`) by the base model, in the training precision: the ability
         gate's probe (online_rl/trainer/gate.py)."""
+        return [row[:end] for row, end in self._generate(prompts, max_new_tokens, pad_id, eos_id, base)]
+
+    def answer_sampled(self, prompts: list[list[int]], samples: int, max_new_tokens: int, pad_id: int,
+                       eos_id: int, temperature: float, seed: int) -> list[list[list[int]]]:
+        """`samples` answers to each of the chat-templated `prompts`, sampled at `temperature` by the
+        current adapter (token ids, ending with the end-of-sequence token when the answer ended):
+        fact rehearsal's (online_rl/trainer/rehearsal.py). Seeded by `seed`, outside the training's
+        random stream (dropout's draws stay what a run without rehearsal would make)."""
+        repeated = [p for p in prompts for _ in range(samples)]
+        with torch.random.fork_rng(devices=[self.device] if self.device.startswith("cuda") else []):
+            torch.manual_seed(seed)
+            rows = self._generate(repeated, max_new_tokens, pad_id, eos_id, False, temperature)
+        answers = [row[: end + 1] if end < len(row) else row for row, end in rows]
+        return [answers[i * samples:(i + 1) * samples] for i in range(len(prompts))]
+
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, pad_id: int, eos_id: int,
+                  base: bool, temperature: float | None = None) -> list[tuple[list[int], int]]:
+        """(the generated ids, where the first stop token is or their length) for each prompt: greedy,
+        or sampled at `temperature` over the whole distribution."""
         configured = getattr(getattr(self.policy, "generation_config", None), "eos_token_id", None)
         stops = [eos_id] + [t for t in (configured if isinstance(configured, list) else [configured])
                             if isinstance(t, int) and t != eos_id]  # e.g. an end-of-turn token too
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        sampling: dict[str, Any] = ({"do_sample": False} if temperature is None else
+                                    {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0})
         self.policy.eval()
         try:
             with (torch.no_grad(), reference_policy(self.policy, None) if base else nullcontext(),
                   autocast(self.precision, self.device.split(":")[0])):
-                out = self.policy.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                           max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                                           eos_token_id=stops)
+                out = self.policy.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                           pad_token_id=pad_id, eos_token_id=stops, **sampling)
         finally:
             self.policy.train()
-        answers = []
+        rows = []
         for row in out[:, width:].tolist():
             ends = [row.index(t) for t in stops if t in row]
-            answers.append(row[: min(ends)] if ends else row)
-        return answers
+            rows.append((row, min(ends) if ends else len(row)))
+        return rows
 
     def reset_adapter(self, files: dict[str, bytes] | None, learning_rate: float) -> None:
         """Put the trained adapter back to `files` (a published version's PEFT folder files; None: the

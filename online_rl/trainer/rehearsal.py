@@ -1,0 +1,107 @@
+"""Fact rehearsal: right-against-wrong DPO pairs on facts the model knows, mixed into every step.
+
+A taste learned from users pulls the model's answers towards a register, and on a 135M model that
+pull also moves answers it had right (docs/learning.md, "The ideal signal"). Rehearsal holds the
+facts without holding the register: for a few prompts of a fixed set of simple questions, the adapter
+being trained samples several answers, a verifier (the words a correct answer contains, as the
+ability gate's probe has) marks each, and one correct answer is preferred over one wrong answer to the
+same prompt. Both answers are the current adapter's own, in whatever register it has reached, so the
+pair says "right over wrong" and nothing about the style; a prompt whose answers are all right (or all
+wrong) makes no pair and costs only its sampling, as a GRPO group without variance carries no signal.
+
+The built-in set (`REHEARSAL_SET`) shares no prompt with the ability gate's probe
+(`online_rl.trainer.gate.ABILITY_PROBE`), the fact check that measures forgetting
+(`online_rl.simulate.facts.FACT_CHECK`), the general-ability check
+(`online_rl.demo.report.ABILITY_PROMPTS`), the cold-start anchors or the simulated users' prompts, so
+what those measure is held out of it; the base model answers each of its prompts correctly at
+temperature 0 (checked on SmolLM2-135M-Instruct, fp32). Pure: the sampling is the caller's.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from online_rl.trainer.gate import ProbeItem, probe_correct
+from online_rl.trainer.samples import Pair
+
+__all__ = ["REHEARSAL_SET", "RehearsalDraw", "draw_prompts", "rehearsal_pairs"]
+
+REHEARSAL_SET: tuple[ProbeItem, ...] = tuple(ProbeItem(p, a) for p, a in (
+    ("What is the capital of Iraq?", ("baghdad",)),
+    ("What is the capital of Nigeria?", ("abuja",)),
+    ("What is the capital of Pakistan?", ("islamabad",)),
+    ("What is the capital of Ghana?", ("accra",)),
+    ("What is the capital of Ethiopia?", ("addis ababa",)),
+    ("What is the capital of Afghanistan?", ("kabul",)),
+    ("What is the capital of Syria?", ("damascus",)),
+    ("What is the capital of Lebanon?", ("beirut",)),
+    ("What is the capital of Cambodia?", ("phnom penh",)),
+    ("What is the capital of Nepal?", ("kathmandu",)),
+    ("What is the capital of Romania?", ("bucharest",)),
+    ("What is the capital of Bulgaria?", ("sofia",)),
+    ("What is the capital of Bangladesh?", ("dhaka",)),
+    ("What is the capital of Libya?", ("tripoli",)),
+    ("Which planet is known as the Red Planet?", ("mars",)),
+    ("What is the largest ocean on Earth?", ("pacific",)),
+    ("What colour is the sky on a clear day?", ("blue",)),
+    ("What gas do plants take in from the air?", ("carbon dioxide", "co2")),
+    ("At what temperature in Celsius does water boil?", ("100", "hundred")),
+    ("How many days are in a week?", ("7", "seven")),
+    ("What is 3 times 4?", ("12", "twelve")),
+    ("What is the opposite of hot?", ("cold",)),
+    ("What is the opposite of early?", ("late",)),
+    ("What is the opposite of heavy?", ("light",)),
+    ("What is the opposite of love?", ("hate",)),
+    ("What is the opposite of good?", ("bad", "evil")),
+    ("What is the currency of South Africa?", ("rand",)),
+    ("What is the main language spoken in Brazil?", ("portuguese",)),
+    ("What is the main language spoken in Argentina?", ("spanish",)),
+    ("In which city is the Brandenburg Gate?", ("berlin",)),
+    ("In which country is the Parthenon?", ("greece",)),
+    ("In which country is the city of Munich?", ("germany",)),
+    ("In which country is the city of Mumbai?", ("india",)),
+    ("In which country is the city of Rio de Janeiro?", ("brazil",)),
+    ("In which country is the city of Barcelona?", ("spain",)),
+))
+
+
+def draw_prompts(size: int, count: int, seed: int, step: int) -> list[int]:
+    """The indexes of the `count` rehearsal prompts (of `size`) asked at `step`: without repeats within
+    a step, and the same for the same (seed, step), so a trainer resumed from a checkpoint asks what it
+    would have asked."""
+    return random.Random(seed * 1_000_003 + step).sample(range(size), min(count, size))
+
+
+@dataclass(frozen=True)
+class RehearsalDraw:
+    pairs: list[Pair]  # (prompt ids, a correct answer's ids, a wrong answer's ids)
+    asked: int  # prompts sampled
+    answers: int  # answers sampled
+    correct: int  # ... of which the verifier accepted
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"rehearsal_pairs": float(len(self.pairs)),
+                "rehearsal_correct": self.correct / self.answers if self.answers else 0.0}
+
+
+def rehearsal_pairs(items: Sequence[ProbeItem], prompt_ids: Sequence[list[int]],
+                    answers: Sequence[Sequence[tuple[list[int], str]]]) -> RehearsalDraw:
+    """One pair per prompt whose sampled `answers` (token ids, text) hold both a correct and a wrong
+    one: the first correct chosen over the first wrong. `items`, `prompt_ids` and `answers` are
+    parallel (one entry per prompt asked)."""
+    if not len(items) == len(prompt_ids) == len(answers):
+        raise ValueError(f"rehearsal_pairs: {len(items)} prompts, {len(prompt_ids)} prompt encodings and "
+                         f"{len(answers)} answer groups")
+    pairs: list[Pair] = []
+    sampled = correct = 0
+    for item, prompt, group in zip(items, prompt_ids, answers, strict=True):
+        verdicts = probe_correct([item] * len(group), [text for _, text in group])
+        sampled += len(group)
+        correct += sum(verdicts)
+        right = next((ids for (ids, _), ok in zip(group, verdicts, strict=True) if ok and ids), None)
+        wrong = next((ids for (ids, _), ok in zip(group, verdicts, strict=True) if not ok and ids), None)
+        if right is not None and wrong is not None and right != wrong:
+            pairs.append((list(prompt), list(right), list(wrong)))
+    return RehearsalDraw(pairs, len(items), sampled, correct)
