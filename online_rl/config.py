@@ -598,6 +598,14 @@ class TrainerConfig(BaseModel):
     rehearsal_samples: int = Field(
         default=4, ge=2, le=32, description="Fact rehearsal: answers sampled per rehearsal prompt."
     )
+    rehearsal_rejected: Literal["edited", "sampled"] = Field(
+        default="edited",
+        description="Fact rehearsal: what a correct answer is preferred over. edited: the same answer with "
+        "its fact swapped for another rehearsal fact's (a capital for a capital), a minimal pair that "
+        "differs in the fact alone, so it says nothing about the register; any prompt with a correct "
+        "sample makes one. sampled: a wrong answer the adapter sampled to the same prompt (which also "
+        "differs in form: a right answer is often the plainer one).",
+    )
     rehearsal_temperature: float = Field(
         default=1.0, gt=0, le=2.0, description="Fact rehearsal: the sampling temperature of its answers."
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 import threading
 import time
 import uuid
@@ -68,7 +69,7 @@ from online_rl.trainer.flows import (
 from online_rl.trainer.gate import ABILITY_PROBE, GateVerdict, ProbeItem, judge, load_probe, probe_correct
 from online_rl.trainer.metrics import TrainerMetrics
 from online_rl.trainer.ppo import advantages_for
-from online_rl.trainer.rehearsal import REHEARSAL_SET, draw_prompts, rehearsal_pairs
+from online_rl.trainer.rehearsal import REHEARSAL_SET, draw_prompts, edited_pairs, rehearsal_pairs
 from online_rl.trainer.samples import (
     Routed,
     ThumbPairer,
@@ -377,10 +378,16 @@ class Trainer:
             [self._rehearsal_ids[i] for i in picked], self.config.rehearsal_samples,
             self.config.ability_max_tokens, pad, eos, self.config.rehearsal_temperature,
             self.config.seed * 1_000_003 + step)
-        decode = self._rehearsal_tokenizer.decode
-        draw = rehearsal_pairs([self.rehearsal[i] for i in picked], [self._rehearsal_ids[i] for i in picked],
-                               [[(ids, str(decode(ids, skip_special_tokens=True))) for ids in group]
-                                for group in sampled])
+        tokenizer = self._rehearsal_tokenizer
+        items, prompts = [self.rehearsal[i] for i in picked], [self._rehearsal_ids[i] for i in picked]
+        answers = [[(ids, str(tokenizer.decode(ids, skip_special_tokens=True))) for ids in group]
+                   for group in sampled]
+        if self.config.rehearsal_rejected == "edited":
+            draw = edited_pairs(items, prompts, answers, self.rehearsal,
+                                lambda text: list(tokenizer(text, add_special_tokens=False).input_ids), eos,
+                                random.Random(self.config.seed * 1_000_003 + step))
+        else:
+            draw = rehearsal_pairs(items, prompts, answers)
         routed.pairs.extend(draw.pairs)
         routed.pair_ids.extend(f"rehearsal-{step}-{i}" for i in range(len(draw.pairs)))
         routed.rehearsed += len(draw.pairs)

@@ -1,13 +1,18 @@
-"""Fact rehearsal: right-against-wrong DPO pairs on facts the model knows, mixed into every step.
+"""Fact rehearsal: DPO pairs that hold facts the model knows, mixed into every step.
 
 A taste learned from users pulls the model's answers towards a register, and on a 135M model that
 pull also moves answers it had right (docs/learning.md, "The ideal signal"). Rehearsal holds the
 facts without holding the register: for a few prompts of a fixed set of simple questions, the adapter
 being trained samples several answers, a verifier (the words a correct answer contains, as the
-ability gate's probe has) marks each, and one correct answer is preferred over one wrong answer to the
-same prompt. Both answers are the current adapter's own, in whatever register it has reached, so the
-pair says "right over wrong" and nothing about the style; a prompt whose answers are all right (or all
-wrong) makes no pair and costs only its sampling, as a GRPO group without variance carries no signal.
+ability gate's probe has) marks each, and a correct answer is preferred over
+
+- `edited_pairs` (the default): the same answer with its fact swapped for another fact of the set, a
+  minimal pair that differs in the fact alone: the answer is the adapter's own, in whatever register
+  it has reached, and the pair says "this fact, not that one" and nothing about the style;
+- `rehearsal_pairs`: a wrong answer the adapter sampled to the same prompt. The two differ in form as
+  well (a right answer is often the plainer one), so this pair also pulls towards that form.
+
+A prompt with no correct answer makes no pair and costs only its sampling.
 
 The built-in set (`REHEARSAL_SET`) shares no prompt with the ability gate's probe
 (`online_rl.trainer.gate.ABILITY_PROBE`), the fact check that measures forgetting
@@ -20,13 +25,14 @@ temperature 0 (checked on SmolLM2-135M-Instruct, fp32). Pure: the sampling is th
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from online_rl.trainer.gate import ProbeItem, probe_correct
 from online_rl.trainer.samples import Pair
 
-__all__ = ["REHEARSAL_SET", "RehearsalDraw", "draw_prompts", "rehearsal_pairs"]
+__all__ = ["REHEARSAL_SET", "RehearsalDraw", "draw_prompts", "edit_fact", "edited_pairs", "rehearsal_pairs"]
 
 REHEARSAL_SET: tuple[ProbeItem, ...] = tuple(ProbeItem(p, a) for p, a in (
     ("What is the capital of Iraq?", ("baghdad",)),
@@ -104,4 +110,62 @@ def rehearsal_pairs(items: Sequence[ProbeItem], prompt_ids: Sequence[list[int]],
         wrong = next((ids for (ids, _), ok in zip(group, verdicts, strict=True) if not ok and ids), None)
         if right is not None and wrong is not None and right != wrong:
             pairs.append((list(prompt), list(right), list(wrong)))
+    return RehearsalDraw(pairs, len(items), sampled, correct)
+
+
+def _stem(prompt: str) -> str:
+    return " ".join(prompt.lower().split()[:4])  # "what is the capital", "in which country is"
+
+
+def edit_fact(text: str, accept: Sequence[str], distractor: str) -> str | None:
+    """`text` with every whole-word occurrence of the first accepted word it holds replaced by
+    `distractor`, capitalised as the occurrence was; None when it holds none as a whole word."""
+    for word in accept:
+        pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)", re.IGNORECASE)
+        if not pattern.search(text):
+            continue
+
+        def cased(match: re.Match[str]) -> str:
+            found = match.group(0)
+            if found.isupper() and len(found) > 1:
+                return distractor.upper()
+            return distractor.title() if found[:1].isupper() else distractor
+
+        return pattern.sub(cased, text)
+    return None
+
+
+def edited_pairs(items: Sequence[ProbeItem], prompt_ids: Sequence[list[int]],
+                 answers: Sequence[Sequence[tuple[list[int], str]]], pool: Sequence[ProbeItem],
+                 encode: Callable[[str], list[int]], eos_id: int, rng: random.Random) -> RehearsalDraw:
+    """One minimal pair per prompt with a correct sampled answer: that answer (re-encoded) over the same
+    text with its fact swapped for another item's of `pool` (a prompt of the same form first: a capital
+    for a capital), so the two differ in the fact alone and the pair says nothing about the register.
+    A prompt answered only wrongly makes none."""
+    if not len(items) == len(prompt_ids) == len(answers):
+        raise ValueError(f"edited_pairs: {len(items)} prompts, {len(prompt_ids)} prompt encodings and "
+                         f"{len(answers)} answer groups")
+    pairs: list[Pair] = []
+    sampled = correct = 0
+    for item, prompt, group in zip(items, prompt_ids, answers, strict=True):
+        verdicts = probe_correct([item] * len(group), [text for _, text in group])
+        sampled += len(group)
+        correct += sum(verdicts)
+        right = next(((ids, text) for (ids, text), ok in zip(group, verdicts, strict=True) if ok), None)
+        if right is None:
+            continue
+        ids, text = right
+        others = [o for o in pool if o.prompt != item.prompt
+                  and not any(a in text.lower() or a in item.accept for a in o.accept[:1])]
+        alike = [o for o in others if _stem(o.prompt) == _stem(item.prompt)]
+        if not others:
+            continue
+        distractor = rng.choice(alike or others).accept[0]
+        edited = edit_fact(text, item.accept, distractor)
+        if edited is None:
+            continue
+        tail = [eos_id] if ids and ids[-1] == eos_id else []
+        chosen, rejected = encode(text) + tail, encode(edited) + tail
+        if chosen != rejected:
+            pairs.append((list(prompt), chosen, rejected))
     return RehearsalDraw(pairs, len(items), sampled, correct)

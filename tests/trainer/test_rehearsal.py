@@ -19,7 +19,7 @@ from online_rl.demo.report import ABILITY_PROMPTS
 from online_rl.simulate.facts import FACT_CHECK
 from online_rl.simulate.prompts import TOPICS
 from online_rl.trainer.gate import ABILITY_PROBE, ProbeItem
-from online_rl.trainer.rehearsal import REHEARSAL_SET, draw_prompts, rehearsal_pairs
+from online_rl.trainer.rehearsal import REHEARSAL_SET, draw_prompts, edit_fact, edited_pairs, rehearsal_pairs
 from online_rl.trainer.spec import trainer_specs
 from online_rl.trainer.worker import PolicyWorker
 from tests.conftest import TINY_NAME
@@ -63,6 +63,36 @@ def test_a_pair_is_a_right_answer_over_a_wrong_one_to_the_same_prompt() -> None:
     assert draw.as_metrics() == {"rehearsal_pairs": 1.0, "rehearsal_correct": pytest.approx(4 / 7)}
     with pytest.raises(ValueError, match="3 prompts, 2 prompt encodings"):
         rehearsal_pairs(items, prompts[:2], answers)
+
+
+def test_an_edited_pair_differs_from_the_right_answer_in_the_fact_alone() -> None:
+    assert edit_fact("The capital of Iraq is Baghdad. Baghdad is old.", ("baghdad",), "abuja") == \
+        "The capital of Iraq is Abuja. Abuja is old."
+    assert edit_fact("A week has 7 days, not 17.", ("7", "seven"), "12") == "A week has 12 days, not 17."
+    assert edit_fact("BAGHDAD!", ("baghdad",), "beirut") == "BEIRUT!"
+    assert edit_fact("It is Mosul.", ("baghdad",), "beirut") is None
+
+    def encode(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    items = [ProbeItem("What is the capital of Iraq?", ("baghdad",)),
+             ProbeItem("What is the capital of Nepal?", ("kathmandu",)),
+             ProbeItem("What is the opposite of hot?", ("cold",)),
+             ProbeItem("How many days are in a week?", ("7", "seven"))]
+    answers = [
+        [([5], "It is Mosul."), ([6, 2], "Baghdad, of course!")],  # a right one: the pair, ended
+        [([7], "KATHMANDU")],  # right, did not end (no end-of-sequence token)
+        [([8], "Warm, I think.")],  # only wrong: nothing to edit
+        [([9], "Seven days.")],
+    ]
+    draw = edited_pairs(items, [[1], [2], [3], [4]], answers, items, encode, 2, random.Random(0))
+    assert (draw.asked, draw.answers, draw.correct) == (4, 5, 3)
+    texts = [("".join(map(chr, c)), "".join(map(chr, r))) for _, c, r in draw.pairs]
+    # a capital is swapped for a capital (the prompts of the same form); the end token kept on both
+    assert texts[0] == ("Baghdad, of course!\x02", "Kathmandu, of course!\x02")
+    assert texts[1] == ("KATHMANDU", "BAGHDAD")
+    assert texts[2][0] == "Seven days." and texts[2][1] in ("Baghdad days.", "Kathmandu days.", "Cold days.")
+    assert [p for p, _, _ in draw.pairs] == [[1], [2], [4]]
 
 
 def test_rehearsal_needs_an_algorithm_that_trains_pairs() -> None:
