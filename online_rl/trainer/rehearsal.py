@@ -92,25 +92,37 @@ class RehearsalDraw:
                 "rehearsal_correct": self.correct / self.answers if self.answers else 0.0}
 
 
+Graded = list[tuple[ProbeItem, list[int], Sequence[tuple[list[int], str]], list[bool]]]
+
+
+def _graded(items: Sequence[ProbeItem], prompt_ids: Sequence[list[int]],
+            answers: Sequence[Sequence[tuple[list[int], str]]]) -> Graded:
+    """(item, prompt ids, its answers, whether each is correct) for each prompt asked."""
+    if not len(items) == len(prompt_ids) == len(answers):
+        raise ValueError(f"rehearsal: {len(items)} prompts, {len(prompt_ids)} prompt encodings and "
+                         f"{len(answers)} answer groups")
+    return [(item, prompt, group, probe_correct([item] * len(group), [text for _, text in group]))
+            for item, prompt, group in zip(items, prompt_ids, answers, strict=True)]
+
+
+def _draw(pairs: list[Pair], graded: Graded) -> RehearsalDraw:
+    return RehearsalDraw(pairs, len(graded), sum(len(group) for _, _, group, _ in graded),
+                         sum(sum(verdicts) for _, _, _, verdicts in graded))
+
+
 def rehearsal_pairs(items: Sequence[ProbeItem], prompt_ids: Sequence[list[int]],
                     answers: Sequence[Sequence[tuple[list[int], str]]]) -> RehearsalDraw:
     """One pair per prompt whose sampled `answers` (token ids, text) hold both a correct and a wrong
     one: the first correct chosen over the first wrong. `items`, `prompt_ids` and `answers` are
     parallel (one entry per prompt asked)."""
-    if not len(items) == len(prompt_ids) == len(answers):
-        raise ValueError(f"rehearsal_pairs: {len(items)} prompts, {len(prompt_ids)} prompt encodings and "
-                         f"{len(answers)} answer groups")
     pairs: list[Pair] = []
-    sampled = correct = 0
-    for item, prompt, group in zip(items, prompt_ids, answers, strict=True):
-        verdicts = probe_correct([item] * len(group), [text for _, text in group])
-        sampled += len(group)
-        correct += sum(verdicts)
+    graded = _graded(items, prompt_ids, answers)
+    for _, prompt, group, verdicts in graded:
         right = next((ids for (ids, _), ok in zip(group, verdicts, strict=True) if ok and ids), None)
         wrong = next((ids for (ids, _), ok in zip(group, verdicts, strict=True) if not ok and ids), None)
         if right is not None and wrong is not None and right != wrong:
             pairs.append((list(prompt), list(right), list(wrong)))
-    return RehearsalDraw(pairs, len(items), sampled, correct)
+    return _draw(pairs, graded)
 
 
 def _stem(prompt: str) -> str:
@@ -142,15 +154,9 @@ def edited_pairs(items: Sequence[ProbeItem], prompt_ids: Sequence[list[int]],
     text with its fact swapped for another item's of `pool` (a prompt of the same form first: a capital
     for a capital), so the two differ in the fact alone and the pair says nothing about the register.
     A prompt answered only wrongly makes none."""
-    if not len(items) == len(prompt_ids) == len(answers):
-        raise ValueError(f"edited_pairs: {len(items)} prompts, {len(prompt_ids)} prompt encodings and "
-                         f"{len(answers)} answer groups")
     pairs: list[Pair] = []
-    sampled = correct = 0
-    for item, prompt, group in zip(items, prompt_ids, answers, strict=True):
-        verdicts = probe_correct([item] * len(group), [text for _, text in group])
-        sampled += len(group)
-        correct += sum(verdicts)
+    graded = _graded(items, prompt_ids, answers)
+    for item, prompt, group, verdicts in graded:
         right = next(((ids, text) for (ids, text), ok in zip(group, verdicts, strict=True) if ok), None)
         if right is None:
             continue
@@ -168,4 +174,4 @@ def edited_pairs(items: Sequence[ProbeItem], prompt_ids: Sequence[list[int]],
         chosen, rejected = encode(text) + tail, encode(edited) + tail
         if chosen != rejected:
             pairs.append((list(prompt), chosen, rejected))
-    return RehearsalDraw(pairs, len(items), sampled, correct)
+    return _draw(pairs, graded)
