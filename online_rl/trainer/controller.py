@@ -374,18 +374,18 @@ class Trainer:
         """Add step `step`'s rehearsal pairs to `routed` (sampled by the current adapter); their metrics."""
         picked = draw_prompts(len(self.rehearsal), self.config.rehearsal_prompts, self.config.seed, step)
         pad, eos = self._rehearsal_tokens
-        sampled = self.group.answer_sampled(
-            [self._rehearsal_ids[i] for i in picked], self.config.rehearsal_samples,
-            self.config.ability_max_tokens, pad, eos, self.config.rehearsal_temperature,
-            self.config.seed * 1_000_003 + step)
-        tokenizer = self._rehearsal_tokenizer
+        seed = self.config.seed * 1_000_003 + step  # the step's own draws: the same after a restart
         items, prompts = [self.rehearsal[i] for i in picked], [self._rehearsal_ids[i] for i in picked]
+        sampled = self.group.answer_sampled(prompts, self.config.rehearsal_samples,
+                                            self.config.ability_max_tokens, pad, eos,
+                                            self.config.rehearsal_temperature, seed)
+        tokenizer = self._rehearsal_tokenizer
         answers = [[(ids, str(tokenizer.decode(ids, skip_special_tokens=True))) for ids in group]
                    for group in sampled]
         if self.config.rehearsal_rejected == "edited":
             draw = edited_pairs(items, prompts, answers, self.rehearsal,
                                 lambda text: list(tokenizer(text, add_special_tokens=False).input_ids), eos,
-                                random.Random(self.config.seed * 1_000_003 + step))
+                                random.Random(seed))
         else:
             draw = rehearsal_pairs(items, prompts, answers)
         routed.pairs.extend(draw.pairs)
