@@ -129,11 +129,24 @@ def _stem(prompt: str) -> str:
     return " ".join(prompt.lower().split()[:4])  # "what is the capital", "in which country is"
 
 
+def _numeric(item: ProbeItem) -> bool:
+    return item.accept[0].isdigit()
+
+
+def _whole(word: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<!\w){re.escape(word)}(?!\w)", re.IGNORECASE)
+
+
+def _form(text: str, accept: Sequence[str]) -> int | None:
+    """The index of the first accepted form ("7" or "seven") that `text` holds as a whole word."""
+    return next((i for i, word in enumerate(accept) if _whole(word).search(text)), None)
+
+
 def edit_fact(text: str, accept: Sequence[str], distractor: str) -> str | None:
     """`text` with every whole-word occurrence of the first accepted word it holds replaced by
     `distractor`, capitalised as the occurrence was; None when it holds none as a whole word."""
     for word in accept:
-        pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)", re.IGNORECASE)
+        pattern = _whole(word)
         if not pattern.search(text):
             continue
 
@@ -152,8 +165,10 @@ def edited_pairs(items: Sequence[ProbeItem], prompt_ids: Sequence[list[int]],
                  encode: Callable[[str], list[int]], eos_id: int, rng: random.Random) -> RehearsalDraw:
     """One minimal pair per prompt with a correct sampled answer: that answer (re-encoded) over the same
     text with its fact swapped for another item's of `pool` (a prompt of the same form first: a capital
-    for a capital), so the two differ in the fact alone and the pair says nothing about the register.
-    A prompt answered only wrongly makes none."""
+    for a capital; a number only ever for a number, in the form the answer wrote it: "seven" for
+    "twelve"), so the two differ in the fact alone and the pair says nothing about the register, nor
+    about whether an answer holds a number. A prompt answered only wrongly makes none, and so does one
+    whose fact has no other of its kind in `pool`."""
     pairs: list[Pair] = []
     graded = _graded(items, prompt_ids, answers)
     for item, prompt, group, verdicts in graded:
@@ -161,13 +176,16 @@ def edited_pairs(items: Sequence[ProbeItem], prompt_ids: Sequence[list[int]],
         if right is None:
             continue
         ids, text = right
-        others = [o for o in pool if o.prompt != item.prompt
+        form = _form(text, item.accept)
+        if form is None:
+            continue
+        others = [o for o in pool if o.prompt != item.prompt and _numeric(o) == _numeric(item)
                   and not any(a in text.lower() or a in item.accept for a in o.accept[:1])]
         alike = [o for o in others if _stem(o.prompt) == _stem(item.prompt)]
-        if not others:
+        if not others:  # a number only for a number, a word for a word: else the pair says "a number"
             continue
-        distractor = rng.choice(alike or others).accept[0]
-        edited = edit_fact(text, item.accept, distractor)
+        other = rng.choice(alike or others)
+        edited = edit_fact(text, (item.accept[form],), other.accept[min(form, len(other.accept) - 1)])
         if edited is None:
             continue
         tail = [eos_id] if ids and ids[-1] == eos_id else []

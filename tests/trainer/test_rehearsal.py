@@ -85,14 +85,21 @@ def test_an_edited_pair_differs_from_the_right_answer_in_the_fact_alone() -> Non
         [([8], "Warm, I think.")],  # only wrong: nothing to edit
         [([9], "Seven days.")],
     ]
-    draw = edited_pairs(items, [[1], [2], [3], [4]], answers, items, encode, 2, random.Random(0))
+    pool = [*items, ProbeItem("What is 3 times 4?", ("12", "twelve"))]
+    draw = edited_pairs(items, [[1], [2], [3], [4]], answers, pool, encode, 2, random.Random(0))
     assert (draw.asked, draw.answers, draw.correct) == (4, 5, 3)
     texts = [("".join(map(chr, c)), "".join(map(chr, r))) for _, c, r in draw.pairs]
     # a capital is swapped for a capital (the prompts of the same form); the end token kept on both
     assert texts[0] == ("Baghdad, of course!\x02", "Kathmandu, of course!\x02")
     assert texts[1] == ("KATHMANDU", "BAGHDAD")
-    assert texts[2][0] == "Seven days." and texts[2][1] in ("Baghdad days.", "Kathmandu days.", "Cold days.")
+    # a number only for a number, spelled as the answer spelled it
+    assert texts[2] == ("Seven days.", "Twelve days.")
     assert [p for p, _, _ in draw.pairs] == [[1], [2], [4]]
+    digits = edited_pairs(items[3:], [[4]], [[([9], "A week has 7 days.")]], pool, encode, 2, random.Random(0))
+    assert ["".join(map(chr, r)) for _, _, r in digits.pairs] == ["A week has 12 days."]
+    # with no other number in the pool the numeric fact makes no pair (it would teach "no number")
+    alone = edited_pairs(items[3:], [[4]], [[([9], "A week has 7 days.")]], items, encode, 2, random.Random(0))
+    assert alone.pairs == [] and alone.correct == 1
 
 
 def test_rehearsal_needs_an_algorithm_that_trains_pairs() -> None:
