@@ -743,6 +743,18 @@ class HybridConfig(BaseModel):
     reward_batch: int = Field(default=8, ge=1, description="Pairs per reward-model step.")
     reward_window: int = Field(default=2048, ge=1, description="Newest pairs the reward model replays.")
     publish_every_steps: int = Field(default=20, ge=1, description="Publish a version every N iterations.")
+    rehearsal_prompts: int = Field(
+        default=0, ge=0, le=256,
+        description="Fact rehearsal against forgetting: every iteration adds this many prompts of the "
+        "rehearsal set (trainer.rehearsal_set, empty: the built-in one) to the rollout batch, and a verifier "
+        "adds rehearsal_weight to the reward of each of their answers that holds the fact; the reward model "
+        "scores them as any other, so the answers are compared by the taste and by being right. 0: off.",
+    )
+    rehearsal_weight: float = Field(
+        default=1.0, gt=0, le=100.0,
+        description="Fact rehearsal: what the verifier adds to a right answer's reward (the reward model's "
+        "scores are logits, mostly within a few units).",
+    )
     experiment: str = Field(default="online-rl-hybrid", min_length=1, description="MLflow experiment.")
     group_id: str = Field(default="orl-hybrid", min_length=1,
                           description="Consumer group on the samples. Unset, it is <bus.topic_prefix>-hybrid "
@@ -788,6 +800,10 @@ class HybridConfig(BaseModel):
         if self.engine == "tp" and (self.max_staleness or self.rollout_ahead):
             raise ValueError("hybrid.max_staleness and hybrid.rollout_ahead need hybrid.engine=vllm: the tp "
                              "engine runs on the training devices, in turn with the update; set both to 0")
+        if self.rehearsal_prompts and self.engine == "vllm" and (self.max_staleness or self.rollout_ahead):
+            raise ValueError(f"hybrid.rehearsal_prompts={self.rehearsal_prompts} needs rollouts sampled in "
+                             "turn with the update: set hybrid.max_staleness and hybrid.rollout_ahead to 0, "
+                             "or hybrid.rehearsal_prompts to 0")
         if self.rollout_batch < self.world:
             raise ValueError(f"hybrid.rollout_batch={self.rollout_batch} must be >= dp × fsdp = {self.world} "
                              "so that every FSDP device trains on a rollout")

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from online_rl.algos import AdaptiveKLController, critic_free_advantages
+from online_rl.errors import ConfigError
 from online_rl.flow import FEEDBACK, REWARD_MODEL, combine, dead_letter_failures
 from online_rl.hybrid.group import HybridGroup
 from online_rl.hybrid.pipeline import Batch, StalenessPipeline
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from online_rl.bus import Bus, DeadLetters
     from online_rl.config import Settings
     from online_rl.flow import RewardFunctions, RewardScores
+    from online_rl.trainer.gate import ProbeItem
 
 __all__ = ["ColocatedPPO"]
 
@@ -59,6 +61,7 @@ class ColocatedPPO:
         self.settings, self.config = settings, settings.hybrid
         self._rewards_setup(settings, bus)  # first: a reward function that cannot load takes no device
         try:
+            self._rehearsal_setup(settings)  # before the workers: a bad set takes no device
             self._start_workers(settings)
         except BaseException:
             self.close()
@@ -136,6 +139,33 @@ class ColocatedPPO:
         if bus is not None:
             self._producer = bus.producer()
             self.dead = DeadLetters(self._producer, "hybrid", settings.topics.dlq)
+
+    def _rehearsal_setup(self, settings: Settings) -> None:
+        """The rehearsal set and its prompts in the chat template (hybrid.rehearsal_prompts > 0)."""
+        from online_rl.models.chat import user_turn_ids
+        from online_rl.trainer.rehearsal import load_rehearsal_set
+
+        self.rehearsal: tuple[ProbeItem, ...] = ()
+        self.rehearsal_ids: list[list[int]] = []
+        if not self.config.rehearsal_prompts:
+            return
+        items = load_rehearsal_set(settings.trainer.rehearsal_set)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError(f"hybrid.rehearsal_prompts={self.config.rehearsal_prompts} asks the model "
+                              f"questions in its chat template, and the model at {settings.model_dir} has "
+                              "none: set hybrid.rehearsal_prompts=0")
+        self.rehearsal = items
+        self.rehearsal_ids = [user_turn_ids(self.tokenizer, item.prompt) for item in items]
+
+    def _rehearsal_draw(self) -> list[int]:
+        """The rehearsal prompts (indexes into the set) this iteration adds: seeded by (seed, iteration),
+        so the draw is the same after a restart and leaves the window's random stream alone."""
+        from online_rl.trainer.rehearsal import draw_prompts
+
+        if not self.rehearsal:
+            return []
+        return draw_prompts(len(self.rehearsal), self.config.rehearsal_prompts, self.settings.trainer.seed,
+                            self.steps)
 
     # -- what the stream brings ------------------------------------------------------------------
     def observe(self, prompts: Sequence[Sequence[int]] = (), pairs: Sequence[Pair] = (),
@@ -286,6 +316,9 @@ class ColocatedPPO:
             self._pipelined(data, n)
         else:
             prompts = [list(p) for p in self.random.choices(list(self.prompts), k=self.config.rollout_batch)]
+            drawn = self._rehearsal_draw()  # fact rehearsal: its prompts after the window's
+            data["rehearsal"] = {len(prompts) + j: self.rehearsal[index] for j, index in enumerate(drawn)}
+            prompts += [list(self.rehearsal_ids[index]) for index in drawn]
             sampled = time.time()
             rollouts, behaviour, timing = self.rollouts([p for p in prompts for _ in range(n)])
             data.setdefault("metrics", {}).update(timing | {"staleness": 0.0})
@@ -295,6 +328,9 @@ class ColocatedPPO:
                      "sampled": (sampled, time.time())}
         # what a reward node reads: the texts, as reward functions see them
         data["prompt_texts"], data["completions"] = self._texts(data["rollouts"])
+        for row, group in enumerate(data["groups"]):  # a rehearsal prompt reads as its set writes it
+            if group in data.get("rehearsal", {}):
+                data["prompt_texts"][row] = data["rehearsal"][group].prompt
 
     def _pipelined(self, data: dict[str, Any], n: int) -> None:
         """The batch to train from the asynchronous pipeline: batches are sampled ahead with the adapter
@@ -349,7 +385,25 @@ class ColocatedPPO:
         """`rewards`: one per rollout by the rule of `settings.rewards` (None: unscored)."""
         data["rewards"], metrics = self.rewards(data["rollouts"],
                                                 texts=(data["prompt_texts"], data["completions"]))
+        if data.get("rehearsal"):
+            metrics |= self._verify(data)
         data["metrics"].update(metrics)
+
+    def _verify(self, data: dict[str, Any]) -> dict[str, float]:
+        """Fact rehearsal: `rehearsal_weight` added to the reward of each answer to a rehearsal prompt
+        that holds its fact (an unscored answer stays unscored); the share of them that did."""
+        from online_rl.trainer.gate import probe_correct
+
+        rows = [i for i, group in enumerate(data["groups"]) if group in data["rehearsal"]]
+        verdicts = probe_correct([data["rehearsal"][data["groups"][i]] for i in rows],
+                                 [data["completions"][i] for i in rows])
+        rewards: list[float | None] = data["rewards"]
+        for i, right in zip(rows, verdicts, strict=True):
+            reward = rewards[i]
+            if right and reward is not None:
+                rewards[i] = reward + self.config.rehearsal_weight
+        return {"rehearsal_prompts": float(len(data["rehearsal"])),
+                "rehearsal_correct": sum(verdicts) / max(1, len(verdicts))}
 
     def advantage(self, data: dict[str, Any]) -> None:
         """Drop the unscored rollouts; the policy's and the reference's log-probs of the rest (`old`,

@@ -145,13 +145,30 @@ def _seed(*parts: object) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
+class _Iterations:
+    """The rollout flow's iterations granted so far. That flow samples its own rollouts and would iterate
+    between rounds as long as the machine lets it; a round grants `hybrid.publish_every_steps`
+    iterations once the trainer has read the round's samples, and the flow publishes after the last,
+    so every run trains as many iterations per feedback event on any machine."""
+
+    def __init__(self, program: Any) -> None:
+        self.program, self.granted = program, 0
+
+    def node(self, step: Any) -> None:
+        """A node after `observe`: a pass past the grant reads its samples and ends there."""
+        if self.program.state.steps >= self.granted:
+            step.counts = False
+            step.stop()
+
+
 @dataclass
 class _Workers:
     """A run's joiner and trainer, each in a thread of its own; either failing stops both (`failures`
-    says why)."""
+    says why). `iterations` is set for the rollout flow."""
 
     joiner: Any
     trainer: Any
+    iterations: _Iterations | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     failures: list[BaseException] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
@@ -378,12 +395,15 @@ class Lab:
             "publish_every_samples": 1 << 30,
             "publish_every_s": 1e9,
         }
+        hybrid_update: dict[str, Any] = {"group_id": f"learn-{tag}"}  # the rollout flow's consumer group
         if learning_rate is not None:
             trainer_update["learning_rate"] = learning_rate
+            hybrid_update["learning_rate"] = learning_rate
         return self.settings.model_copy(
             update={
                 "bus": self.settings.bus.model_copy(update={"topic_prefix": f"learn.{tag}"}),
                 "trainer": self.settings.trainer.model_copy(update=trainer_update),
+                "hybrid": self.settings.hybrid.model_copy(update=hybrid_update),
                 "mlflow": self.settings.mlflow.model_copy(update={"registered_model": f"learn-{tag}"}),
             }
         )
@@ -411,7 +431,11 @@ class Lab:
             transactional_id=f"learn-join-{tag}",
             topics=topics,
         )
-        workers = _Workers(joiner, Trainer(settings, self.bus))
+        trainer = Trainer(settings, self.bus)
+        workers = _Workers(joiner, trainer)
+        if trainer.rollout is not None:  # the rollout flow: iterations granted round by round
+            workers.iterations = _Iterations(trainer.rollout)
+            trainer.flow.add("iterations", workers.iterations.node, after="observe")
         workers.start()
         return workers
 
@@ -435,9 +459,15 @@ class Lab:
             state.topics.samples, run.feedback_events, state.sample_ends, workers.stop, workers.failures,
             config.round_timeout_s,
         )
-        published = self._publish(  # publish
-            workers.trainer, state.sample_ends, workers.stop, workers.failures, config.round_timeout_s
-        )
+        if workers.iterations is not None:  # publish
+            published = self._publish_rollout(
+                workers.iterations, state.settings.hybrid.publish_every_steps, state.sample_ends,
+                workers.stop, workers.failures, config.round_timeout_s,
+            )
+        else:
+            published = self._publish(
+                workers.trainer, state.sample_ends, workers.stop, workers.failures, config.round_timeout_s
+            )
         if published is None:  # the ability gate refused it: the last version serves on
             run.refused += 1
             previous = run.versions[-1] if run.versions else None
@@ -606,6 +636,33 @@ class Lab:
                 )
             time.sleep(0.5)
         return trainer.published[-1]
+
+
+    @staticmethod
+    def _publish_rollout(
+        iterations: _Iterations,
+        steps: int,
+        ends: dict[Any, int],
+        stop: threading.Event,
+        failures: list[BaseException],
+        timeout_s: float,
+    ) -> Any:
+        """The rollout flow's version of `_publish`: once it has read every sample up to `ends`, grant
+        it `steps` iterations; the version it publishes after them."""
+        state = iterations.program.state
+        deadline = time.monotonic() + timeout_s
+        granted, published = False, len(state.published)
+        while len(state.published) == published:
+            if not granted and all(state.offsets.get(tp, 0) >= end for tp, end in ends.items()):
+                iterations.granted += steps
+                granted = True
+            if stop.is_set() or time.monotonic() > deadline:
+                raise LearningError(
+                    f"the rollout flow did not publish version {published + 1} ({state.steps} iterations of "
+                    f"{iterations.granted} granted)" + (f" ({failures[0]!r})" if failures else "")
+                )
+            time.sleep(0.5)
+        return state.published[-1]
 
 
 def measure_base_rates(samples: int = 3, settings: Settings | None = None) -> dict[str, float]:

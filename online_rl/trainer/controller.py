@@ -69,7 +69,7 @@ from online_rl.trainer.flows import (
 from online_rl.trainer.gate import ABILITY_PROBE, GateVerdict, ProbeItem, judge, load_probe, probe_correct
 from online_rl.trainer.metrics import TrainerMetrics
 from online_rl.trainer.ppo import advantages_for
-from online_rl.trainer.rehearsal import REHEARSAL_SET, draw_prompts, edited_pairs, rehearsal_pairs
+from online_rl.trainer.rehearsal import draw_prompts, edited_pairs, load_rehearsal_set, rehearsal_pairs
 from online_rl.trainer.samples import (
     Routed,
     ThumbPairer,
@@ -347,14 +347,7 @@ class Trainer:
             return
         from transformers import AutoTokenizer
 
-        path = self.config.rehearsal_set
-        if path is not None and not Path(path).is_file():
-            raise ConfigError(f"trainer.rehearsal_set={path} is not a file: give a JSON-lines set of "
-                              '{"prompt": ..., "accept": [...]}, or leave it empty for the built-in one')
-        try:
-            items = load_probe(path) if path is not None else REHEARSAL_SET
-        except ValueError as exc:
-            raise ConfigError(str(exc).replace("trainer.ability_probe", "trainer.rehearsal_set")) from exc
+        items = load_rehearsal_set(self.config.rehearsal_set)
         tokenizer = AutoTokenizer.from_pretrained(str(self.settings.model_dir))
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"trainer.rehearsal_prompts={self.config.rehearsal_prompts} asks the model "

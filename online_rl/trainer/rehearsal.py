@@ -28,11 +28,14 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from online_rl.trainer.gate import ProbeItem, probe_correct
+from online_rl.errors import ConfigError
+from online_rl.trainer.gate import ProbeItem, load_probe, probe_correct
 from online_rl.trainer.samples import Pair
 
-__all__ = ["REHEARSAL_SET", "RehearsalDraw", "draw_prompts", "edit_fact", "edited_pairs", "rehearsal_pairs"]
+__all__ = ["REHEARSAL_SET", "RehearsalDraw", "draw_prompts", "edit_fact", "edited_pairs",
+           "load_rehearsal_set", "rehearsal_pairs"]
 
 REHEARSAL_SET: tuple[ProbeItem, ...] = tuple(ProbeItem(p, a) for p, a in (
     ("What is the capital of Iraq?", ("baghdad",)),
@@ -71,6 +74,20 @@ REHEARSAL_SET: tuple[ProbeItem, ...] = tuple(ProbeItem(p, a) for p, a in (
     ("In which country is the city of Rio de Janeiro?", ("brazil",)),
     ("In which country is the city of Barcelona?", ("spain",)),
 ))
+
+
+def load_rehearsal_set(path: Path | None) -> tuple[ProbeItem, ...]:
+    """`trainer.rehearsal_set`: the JSON-lines set at `path`, or the built-in one when it is empty; a
+    missing or malformed file is a config error that names the field."""
+    if path is None:
+        return REHEARSAL_SET
+    if not Path(path).is_file():
+        raise ConfigError(f"trainer.rehearsal_set={path} is not a file: give a JSON-lines set of "
+                          '{"prompt": ..., "accept": [...]}, or leave it empty for the built-in one')
+    try:
+        return load_probe(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc).replace("trainer.ability_probe", "trainer.rehearsal_set")) from exc
 
 
 def draw_prompts(size: int, count: int, seed: int, step: int) -> list[int]:

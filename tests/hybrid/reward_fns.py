@@ -42,3 +42,12 @@ def alphanumeric(prompt: str, completion: str, meta: dict[str, Any]) -> float:
     """The share of the completion's characters that are ASCII letters or digits: what the tiny model
     that prefers single characters (online_rl/models/tiny.py) learns to do more of within ten steps."""
     return sum(c.isascii() and c.isalnum() for c in completion) / len(completion) if completion else 0.0
+
+
+# tests/hybrid/test_rehearsal.py's rehearsal set
+REHEARSED = ("What is the capital of France?", "What is the capital of Japan?")
+
+
+def rehearsal_prompt(prompt: str, completion: str, meta: dict[str, Any]) -> float:
+    """1 when the prompt is one of the test's rehearsal prompts as its set writes it, else 0."""
+    return float(prompt in REHEARSED)

@@ -95,10 +95,11 @@ def test_an_edited_pair_differs_from_the_right_answer_in_the_fact_alone() -> Non
     # a number only for a number, spelled as the answer spelled it
     assert texts[2] == ("Seven days.", "Twelve days.")
     assert [p for p, _, _ in draw.pairs] == [[1], [2], [4]]
-    digits = edited_pairs(items[3:], [[4]], [[([9], "A week has 7 days.")]], pool, encode, 2, random.Random(0))
+    week = [[([9], "A week has 7 days.")]]
+    digits = edited_pairs(items[3:], [[4]], week, pool, encode, 2, random.Random(0))
     assert ["".join(map(chr, r)) for _, _, r in digits.pairs] == ["A week has 12 days."]
     # with no other number in the pool the numeric fact makes no pair (it would teach "no number")
-    alone = edited_pairs(items[3:], [[4]], [[([9], "A week has 7 days.")]], items, encode, 2, random.Random(0))
+    alone = edited_pairs(items[3:], [[4]], week, items, encode, 2, random.Random(0))
     assert alone.pairs == [] and alone.correct == 1
 
 
