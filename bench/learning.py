@@ -21,6 +21,10 @@ shuffled across the answers (the same steps, anchors and learning rate: what tra
 each taste's rate), `--control lr0` runs at learning rate 0 (its adapter stays the identity, so it
 answers as the base). `--record DIR` keeps every finished part: the same command continues a run
 that did not finish (the whole suite takes longer than a working session on a 2-core machine).
+With `--set trainer.flow=rollout` the trainer runs the rollout flow instead (the users' thumbs teach
+its reward model; GRPO or PPO on fresh rollouts scored by it, `--set hybrid.*` for its settings): each
+round, once it has read the round's samples, it is granted `hybrid.publish_every_steps` iterations
+and publishes after the last, so a run trains as many iterations per feedback event on any machine.
 
 Prints a table, then the machine line, then one JSON object: `per_preference` (base, final and
 control liked rates, `gain` over the base, `gain_over_control`, the final version's general ability
