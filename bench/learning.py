@@ -179,7 +179,7 @@ def main() -> None:
         "duration_s": round(time.monotonic() - began, 1),
     }
     print_table(result)
-    emit(result, resolve_precision(settings.trainer.precision, log_choice=False).precision)
+    emit(result, trained_precision(settings))
 
 
 class Record:
@@ -224,6 +224,12 @@ class Record:
         return None if self.folder is None else self.folder / f"run-{self.key}-{name}"
 
 
+def trained_precision(settings: Any) -> str:
+    """The precision the flow trains in on this machine (the rollout flow: `hybrid.precision`)."""
+    chosen = settings.hybrid.precision if settings.trainer.flow == "rollout" else settings.trainer.precision
+    return resolve_precision(chosen, log_choice=False).precision
+
+
 def fingerprint(settings: Any, config: LearnConfig, control: str, engine: str) -> str:
     """What makes two bench runs' parts comparable: every setting, the traffic, the control, the engine
     and the machine's precision choice (not the broker's address, the paths or the run's seed-free
@@ -241,8 +247,11 @@ def fingerprint(settings: Any, config: LearnConfig, control: str, engine: str) -
         "config": {k: v for k, v in asdict(config).items() if not (k == "facts" and v is None)},
         "control": control,
         "engine": engine,
-        "precision": resolve_precision(settings.trainer.precision, log_choice=False).precision,
+        "precision": trained_precision(settings),
     }
+    if settings.trainer.flow == "rollout":  # what that flow trains with (absent before it: records match)
+        described |= {"hybrid": settings.hybrid.model_dump(mode="json", exclude={"group_id"}),
+                      "rewards": settings.rewards.model_dump(mode="json")}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

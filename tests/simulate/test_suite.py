@@ -151,3 +151,22 @@ def test_a_cut_fact_check_has_base_answers_of_its_own() -> None:
     settings = SimpleNamespace(model=SimpleNamespace(name="m"))
     whole = base_fingerprint(settings, LearnConfig(), "transformers")
     assert base_fingerprint(settings, LearnConfig(facts=8), "transformers") != whole
+
+
+def test_a_rollout_flow_run_is_told_apart_by_its_hybrid_and_reward_settings() -> None:
+    from bench.learning import fingerprint
+    from online_rl.config import Settings
+    from online_rl.simulate.learning import LearnConfig
+
+    feedback = Settings()
+    rollout = Settings(trainer={"flow": "rollout"})  # type: ignore[arg-type]
+
+    def key(settings: Settings, **hybrid: object) -> str:
+        changed = settings.model_copy(update={"hybrid": settings.hybrid.model_copy(update=hybrid)})
+        return fingerprint(changed, LearnConfig(), "none", "transformers")
+
+    # the feedback flow trains no hybrid: its records stay those of before the rollout flow was measured
+    assert key(feedback) == key(feedback, rehearsal_prompts=2)
+    assert key(rollout) != key(feedback)
+    assert key(rollout) != key(rollout, rehearsal_prompts=2)
+    assert key(rollout) == key(rollout, group_id="another")  # each run's own consumer group: not a setting
