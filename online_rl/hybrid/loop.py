@@ -159,7 +159,7 @@ class ColocatedPPO:
 
     def _rehearsal_draw(self) -> list[int]:
         """The rehearsal prompts (indexes into the set) this iteration adds: seeded by (seed, iteration),
-        so the draw is the same after a restart and leaves the window's random stream alone."""
+        so a run's draws are reproducible and leave the window's random stream alone."""
         from online_rl.trainer.rehearsal import draw_prompts
 
         if not self.rehearsal:

@@ -637,7 +637,6 @@ class Lab:
             time.sleep(0.5)
         return trainer.published[-1]
 
-
     @staticmethod
     def _publish_rollout(
         iterations: _Iterations,
